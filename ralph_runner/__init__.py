@@ -1,0 +1,1 @@
+"""ralph-run: keeps long autonomous coding-agent loops alive on GPU hosts."""

@@ -1,0 +1,95 @@
+"""Action kinds: one module each, behind one interface.
+
+A module in this package is an action kind when it defines:
+
+    KEY: str                       # the task key, e.g. "shell"
+    Params: type                   # what the key's value must be (a type pydantic validates)
+    def run(params, ctx: TaskContext) -> TaskResult
+    def describe(params, ctx: TaskContext) -> str   # rendered, for --check; never runs anything
+
+Adding an action kind is adding one module here: the schema and the executor find it by KEY.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ralph_runner.connection import Connection
+    from ralph_runner.errors import Problem
+    from ralph_runner.execute import Result
+    from ralph_runner.templating import Templar
+
+
+@dataclass
+class TaskResult:
+    """What a task did; `register` turns it into the Ansible-like registered variable."""
+
+    ok: bool
+    output: str = ""
+    exit_code: int | None = None
+    cut_bytes: int = 0
+    timed_out: bool = False
+    cancelled: bool = False
+    seconds: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_process(cls, result: Result) -> TaskResult:
+        return cls(
+            ok=result.ok,
+            output=result.output,
+            exit_code=result.exit_code,
+            cut_bytes=result.cut_bytes,
+            timed_out=result.timed_out,
+            cancelled=result.cancelled,
+            seconds=result.seconds,
+        )
+
+    def register(self) -> dict[str, Any]:
+        return {
+            "rc": self.exit_code,
+            "stdout": self.output,
+            "stdout_lines": self.output.splitlines(),
+            "failed": not self.ok,
+            "ok": self.ok,
+            "timed_out": self.timed_out,
+            "truncated": self.cut_bytes > 0,
+            "seconds": round(self.seconds, 3),
+            **self.data,
+        }
+
+
+@dataclass
+class TaskContext:
+    """Everything an action may use; actions render and spawn only through these."""
+
+    variables: Mapping[str, Any]
+    templar: Templar
+    connection: Connection
+    cwd: Path
+    env: dict[str, str]
+    timeout: float | None
+    max_output: int
+    where: Problem
+    cancel: threading.Event | None = None
+    run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
+
+
+def _discover() -> dict[str, ModuleType]:
+    kinds = {}
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        kinds[module.KEY] = module
+    return kinds
+
+
+KINDS: dict[str, ModuleType] = _discover()

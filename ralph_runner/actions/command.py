@@ -1,0 +1,31 @@
+"""`command: [argv...]` (or a string split like a shell would): no shell, no quoting surprises."""
+
+from __future__ import annotations
+
+import shlex
+
+from ralph_runner.actions import TaskContext, TaskResult
+
+KEY = "command"
+Params = str | list[str]
+
+
+def _argv(params: str | list[str], ctx: TaskContext) -> list[str]:
+    words = shlex.split(params) if isinstance(params, str) else params
+    return [ctx.templar.render(str(word), ctx.variables, where=ctx.where) for word in words]
+
+
+def describe(params: str | list[str], ctx: TaskContext) -> str:
+    return shlex.join(_argv(params, ctx))
+
+
+def run(params: str | list[str], ctx: TaskContext) -> TaskResult:
+    result = ctx.connection.argv(
+        _argv(params, ctx),
+        cwd=ctx.cwd,
+        env=ctx.env,
+        timeout=ctx.timeout,
+        max_output=ctx.max_output,
+        cancel=ctx.cancel,
+    )
+    return TaskResult.from_process(result)

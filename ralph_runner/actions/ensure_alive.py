@@ -1,0 +1,30 @@
+"""`ensure_alive: {phase: NAME}`: probe the service; if dead, capture, report and recover.
+
+The work is the loop runtime's (`ctx.run.ensure_alive`): this module only names the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ralph_runner.actions import TaskContext, TaskResult
+
+KEY = "ensure_alive"
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    phase: str = "check"
+    context: dict[str, Any] = {}  # extra facts recorded with a death found by this step
+
+
+def describe(params: Params | None, ctx: TaskContext) -> str:
+    return f"ensure_alive (phase {(params or Params()).phase})"
+
+
+def run(params: Params | None, ctx: TaskContext) -> TaskResult:
+    params = params or Params()
+    context = ctx.templar.render_data(params.context, ctx.variables, where=ctx.where)
+    return ctx.run.ensure_alive(params.phase, context)

@@ -1,0 +1,101 @@
+"""`http: {url, method, status, body, headers}`: an HTTP request, like Ansible's `uri`.
+
+Registers `status` (-1 when nothing answered, as `uri` does), `json` (the parsed body, or None)
+and `content` (the body's last `max_output` bytes). The task's `timeout` bounds each phase of the
+request (connect, then read), 30 s when it has none.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.probes import classify
+
+KEY = "http"
+DEFAULT_TIMEOUT = 30.0
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    method: str = "GET"
+    status: int | list[int] = 200
+    body: str | dict[str, Any] | list[Any] | None = None  # a dict or list is sent as JSON
+    headers: dict[str, str] = {}
+
+    @field_validator("method")
+    @classmethod
+    def _upper(cls, method: str) -> str:
+        return method.upper()
+
+
+@functools.cache
+def client() -> httpx.Client:
+    """One kept-alive client for every http task of the run."""
+    return httpx.Client()
+
+
+def rendered(params: Params, ctx: TaskContext) -> Params:
+    data = ctx.templar.render_data(params.model_dump(), ctx.variables, where=ctx.where)
+    return Params.model_validate(data)
+
+
+def describe(params: Params, ctx: TaskContext) -> str:
+    request = rendered(params, ctx)
+    return f"{request.method} {request.url}"
+
+
+def last_bytes(text: str, limit: int) -> tuple[str, int]:
+    """The end of a body, as the output cap keeps it, and how many bytes were cut."""
+    data = text.encode()
+    cut = max(0, len(data) - limit)
+    return data[cut:].decode(errors="ignore"), cut
+
+
+def payload(body: str | dict[str, Any] | list[Any] | None) -> dict[str, Any]:
+    if body is None:
+        return {}
+    return {"content": body} if isinstance(body, str) else {"json": body}
+
+
+def run(params: Params, ctx: TaskContext) -> TaskResult:
+    request = rendered(params, ctx)
+    timeout = ctx.timeout or DEFAULT_TIMEOUT
+    started = time.monotonic()
+    try:
+        response = client().request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            timeout=timeout,
+            **payload(request.body),
+        )
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        reason, detail = classify(exc, timeout)
+        return TaskResult(
+            ok=False,
+            output=detail,
+            timed_out=reason == "timeout",
+            seconds=time.monotonic() - started,
+            data={"status": -1, "json": None, "content": ""},
+        )
+    try:
+        parsed = response.json()
+    except ValueError:
+        parsed = None
+    content, cut = last_bytes(response.text, ctx.max_output)
+    wanted = request.status if isinstance(request.status, list) else [request.status]
+    return TaskResult(
+        ok=response.status_code in wanted,
+        output=content,
+        cut_bytes=cut,
+        seconds=time.monotonic() - started,
+        data={"status": response.status_code, "json": parsed, "content": content},
+    )

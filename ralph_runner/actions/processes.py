@@ -1,0 +1,115 @@
+"""`processes: {top, match}`: who holds the memory right now, and whether the server still runs.
+
+A psutil snapshot of the `top` largest processes by resident memory, plus every process whose
+command line matches `match` (e.g. "vllm|standin.server"). CPU% is sampled over SAMPLE seconds.
+It sees this machine only: on a remote (ssh) host the task fails and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, field_validator
+
+from ralph_runner.actions import TaskContext, TaskResult
+
+KEY = "processes"
+MIB = 1024 * 1024
+SAMPLE = 0.2  # seconds over which CPU% is measured
+COMMAND_WIDTH = 120
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    top: NonNegativeInt = 10
+    match: str | None = None  # a regular expression searched in the joined command line
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"match is not a regular expression: {exc}") from None
+        return pattern
+
+
+def _rendered(params: Params, ctx: TaskContext) -> Params:
+    data = ctx.templar.render_data(params.model_dump(), ctx.variables, where=ctx.where)
+    return Params.model_validate(data)
+
+
+def describe(params: Params, ctx: TaskContext) -> str:
+    params = _rendered(params, ctx)
+    matching = f", and those matching {params.match!r}" if params.match else ""
+    return f"list the {params.top} largest processes{matching}"
+
+
+def sample(cancel: threading.Event | None) -> list[dict[str, Any]]:
+    """Every process readable now: pid, rss MiB, cpu% over SAMPLE seconds, command line."""
+    processes = list(psutil.process_iter(["pid", "name", "cmdline", "memory_info"]))
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            process.cpu_percent(None)
+    (cancel or threading.Event()).wait(SAMPLE)
+    rows = []
+    for process in processes:
+        try:
+            cpu = process.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        info = process.info
+        memory = info["memory_info"]
+        command = " ".join(info["cmdline"] or []) or f"[{info['name']}]"
+        rows.append(
+            {
+                "pid": info["pid"],
+                "rss_mib": round(memory.rss / MIB, 1) if memory else 0.0,
+                "cpu_percent": cpu,
+                "command": command[:COMMAND_WIDTH],
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    lines = [f"  {'PID':>7} {'RSS MiB':>9} {'CPU%':>6}  COMMAND"]
+    for row in rows:
+        lines.append(
+            f"  {row['pid']:>7} {row['rss_mib']:>9.1f} {row['cpu_percent']:>6.1f}  {row['command']}"
+        )
+    return lines
+
+
+def run(params: Params, ctx: TaskContext) -> TaskResult:
+    params = _rendered(params, ctx)
+    if ctx.connection.name != "local":
+        return TaskResult(
+            ok=False,
+            output=f"processes lists this machine's processes, not those of "
+            f"{ctx.connection.name}: use a shell task running ps there",
+        )
+    started = time.monotonic()
+    rows = sample(ctx.cancel)
+    top = sorted(rows, key=lambda row: row["rss_mib"], reverse=True)[: params.top]
+    lines = [f"top {len(top)} processes by memory:", *table(top)]
+    matches = []
+    if params.match:
+        pattern = re.compile(params.match)
+        matches = [row for row in rows if pattern.search(row["command"])]
+        lines += [f"processes matching {params.match!r}:", *table(matches)]
+    return TaskResult(
+        ok=True,
+        output="\n".join(lines),
+        seconds=time.monotonic() - started,
+        data={"top": top, "matches": matches},
+    )

@@ -1,0 +1,85 @@
+"""Arguments, subcommands and exit codes: the only place that calls sys.exit.
+
+ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
+ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
+ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
+ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
+ralph-run schema                                   the runbook language as JSON Schema
+ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ralph_runner.errors import FatalError
+
+COMMANDS = ("probe", "diagnose", "status", "deaths", "schema", "demo")
+
+
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runbook", help="the runbook YAML file")
+    parser.add_argument("-i", "--inventory", help="Ansible YAML inventory (default: localhost)")
+    parser.add_argument("--limit", help="further limit the hosts with an Ansible pattern")
+    parser.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra variables: KEY=VALUE, @file.yaml or JSON; highest precedence",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON event per line")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    if command is None:
+        parser = argparse.ArgumentParser(
+            prog="ralph-run",
+            description=__doc__.split("\n\n")[0],
+            epilog="commands: " + ", ".join(COMMANDS),
+        )
+        _plan_options(parser)
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="validate and print the rendered plan; run and write nothing",
+        )
+        return parser
+    parser = argparse.ArgumentParser(prog=f"ralph-run {command}")
+    if command in ("probe", "diagnose"):
+        _plan_options(parser)
+    elif command == "status":
+        parser.add_argument("target", nargs="?", default=".", help="workdir or runbook")
+        parser.add_argument("--json", action="store_true")
+    elif command == "deaths":
+        parser.add_argument("target", help="runbook or .jsonl death records")
+        parser.add_argument("-i", "--inventory")
+        parser.add_argument("-e", "--extra-vars", action="append", default=[])
+    elif command == "demo":
+        parser.add_argument("--dir", default="demo-workspace", help="throw-away workspace")
+        parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = _parser(command).parse_args(argv[1:] if command else argv)
+    try:
+        if command is None:
+            from ralph_runner.commands import check, run
+
+            code = (check if args.check else run).main(args)
+        else:
+            module = __import__(f"ralph_runner.commands.{command}", fromlist=["main"])
+            code = module.main(args)
+    except FatalError as exc:
+        for problem in exc.problems:
+            print(f"ralph-run: error: {problem}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,120 @@
+"""`ralph-run RUNBOOK --check`: validate everything, print the rendered plan, run nothing.
+
+Nothing is spawned and nothing is written: tasks are rendered through their action's
+`describe`, probes and collectors are rendered, the prompt is shown as written (it may use
+`lookup('pipe', ...)`, which would run a command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import yaml
+
+from ralph_runner import checklist, loop, plan, tasks
+from ralph_runner.errors import FatalError
+from ralph_runner.reports import Redactor
+
+PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
+
+
+def main(args: argparse.Namespace) -> int:
+    plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
+    rendered = [_render(p) for p in plans]
+    if args.json:
+        print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
+    else:
+        for one in rendered:
+            print(yaml.safe_dump(one, sort_keys=False, allow_unicode=True, width=100))
+    return 0
+
+
+def _render(p: plan.Plan) -> dict[str, Any]:
+    model = p.model
+    redactor = Redactor(p.secret_values())
+    variables = _iteration_vars(p)
+    problems: list[FatalError] = []
+
+    def each(specs, where: tasks.Where) -> list[dict[str, Any]]:
+        out = []
+        for spec in specs:
+            try:
+                out.append(
+                    {
+                        "name": spec.name,
+                        spec.kind: tasks.describe(spec, where, variables),
+                        **({"when": spec.task.when} if spec.task.when is not None else {}),
+                        **({"timeout": spec.task.timeout} if spec.task.timeout else {}),
+                    }
+                )
+            except FatalError as exc:
+                problems.append(exc)
+        return out
+
+    controller = tasks.Where(p, connection=p.controller(), cwd=p.workdir)
+    target = tasks.Where(p, timeout=model.diagnostics.timeout)
+    try:
+        probes = [
+            {"name": s.name, s.kind: _dump(s.params), "timeout": s.timeout, "every": s.every}
+            for s in loop.probe_specs(p)
+        ]
+    except FatalError as exc:
+        problems.append(exc)
+        probes = []
+    death_log = p.path(("diagnostics", "log"), model.diagnostics.log)
+    result = {
+        "runbook": str(p.runbook.path),
+        "name": model.name,
+        "host": p.host,
+        "connection": p.connection_for(None).name,
+        "workdir": str(p.workdir),
+        "checklist": str(p.path(("checklist", "path"), model.checklist.path)),
+        "variables": {k: v for k, v in p.variables.items() if k != "env"},
+        "prompt": model.prompt,
+        "loop": {
+            "max_iterations": model.loop.max_iterations,
+            "steps": each(p.runbook.loop_steps, controller),
+        },
+        "health": {**model.health.model_dump(exclude={"probes"}), "probes": probes},
+        "diagnostics": {
+            "log": str(death_log),
+            "timeout": model.diagnostics.timeout,
+            "collect": each(p.runbook.collectors, target),
+        },
+        "recovery": {
+            **model.recovery.model_dump(exclude={"steps"}),
+            "steps": each(p.runbook.recovery_steps, target),
+        },
+    }
+    if problems:
+        raise FatalError([problem for exc in problems for problem in exc.problems])
+    return redactor.data(result)
+
+
+def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
+    """Per-iteration variables as the first iteration would see them (read-only)."""
+    path = p.path(("checklist", "path"), p.model.checklist.path)
+    text = checklist.read(path) if path.is_file() else ""
+    item = checklist.next_todo(text)
+    item_vars = (
+        {"text": item.text, "line": item.line, "index": item.index, "attempts": 0}
+        if item
+        else {"text": "<next checklist item>", "line": 0, "index": 0, "attempts": 0}
+    )
+    return {
+        **p.variables,
+        "iteration": 1,
+        "item": item_vars,
+        "checklist": checklist.counts(text).as_dict(),
+        "deaths": 0,
+        "phase": "start",
+        "prompt": PROMPT_PLACEHOLDER,
+        "prompt_size": 0,
+        "prompt_bytes": 0,
+    }
+
+
+def _dump(params: Any) -> Any:
+    return params.model_dump() if hasattr(params, "model_dump") else params

@@ -1,0 +1,147 @@
+"""`ralph-run demo`: the whole loop on the stand-in server, two deaths recovered, in a minute.
+
+It makes a throw-away git workspace, starts the stand-in vLLM, runs runbooks/demo.yaml on it
+and, like a bad day on a GPU host, kills the server twice: once between two iterations, once
+with a prompt the stand-in's "KV cache" cannot hold. Then it shows the death log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from ralph_runner import execute, plan, reports, state
+from ralph_runner.loop import Interrupted, Runner
+from ralph_runner.output import Output
+
+PACKAGE = Path(__file__).resolve().parents[1]
+RUNBOOK = PACKAGE.parent / "runbooks" / "demo.yaml"
+START_SCRIPT = PACKAGE / "standin" / "start_server.sh"
+ITEMS = [
+    "README: say what the game is",
+    "src/road.js: scrolling road",
+    "src/car.js: the player's car",
+    "src/input.js: left/right arrows and A/D",
+    "src/collision.js: aabb()",
+    "src/game.js: the state machine",
+    "tests/collision.test.js",
+    "src/score.js: score and best score",
+]
+AGENT_STEP = "run the agent"
+CHAOS = {  # iteration -> the fault set while the agent step of that iteration runs
+    3: {"hang": True},  # alive, port held, no answer: the watch must see it and kill the agent
+    6: {"die_on_prompt_chars": 10},  # the KV-cache assertion on the agent's prompt; exit 0
+}
+
+
+def main(args: argparse.Namespace) -> int:
+    workspace = Path(args.dir).resolve()
+    _make_workspace(workspace)
+    port = _free_port()
+    standin = workspace / ".standin"
+    extra = [
+        json.dumps(
+            {
+                "port": port,
+                "standin_dir": str(standin),
+                "standin_start": str(START_SCRIPT),
+                "python": sys.executable,
+            }
+        )
+    ]
+    started = execute.run(
+        ["bash", str(START_SCRIPT), str(port), str(standin)],
+        env={"PYTHON": sys.executable},
+        timeout=30,
+    )
+    if not started.ok:
+        print(started.output, file=sys.stderr)
+        return 1
+    cwd = Path.cwd()
+    try:
+        os.chdir(workspace)
+        (selected,) = plan.build(RUNBOOK, None, None, extra)
+        output = Output(json_lines=args.json)
+        chaos = threading.Thread(target=_chaos, args=(workspace, standin), daemon=True)
+        chaos.start()
+        try:
+            code = Runner(selected, output).run()
+        except Interrupted as exc:
+            code = exc.exit_code
+    finally:
+        os.chdir(cwd)
+        _stop_server(standin)
+    _show(workspace)
+    return code
+
+
+def _make_workspace(workspace: Path) -> None:
+    if workspace.exists():
+        shutil.rmtree(workspace)
+    workspace.mkdir(parents=True)
+    (workspace / "PLAN.md").write_text("# Plan\n\nA tiny road game, one small file at a time.\n")
+    (workspace / "CHECKLIST.md").write_text("".join(f"- [ ] {item}\n" for item in ITEMS))
+    (workspace / ".gitignore").write_text(".standin/\n")
+    for argv in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        [
+            "git",
+            "-c",
+            "user.name=demo",
+            "-c",
+            "user.email=demo@localhost",
+            "commit",
+            "-q",
+            "-m",
+            "plan and checklist",
+        ],
+    ):
+        execute.run(argv, cwd=workspace, timeout=30)
+    for key, value in (("user.name", "ralph demo"), ("user.email", "ralph@localhost")):
+        execute.run(["git", "config", key, value], cwd=workspace, timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _chaos(workspace: Path, standin: Path) -> None:
+    """Break the server at the iterations of CHAOS, through its control file."""
+    store = state.Store(workspace)
+    pending = dict(CHAOS)
+    stop = threading.Event()
+    while pending and not stop.wait(0.05):
+        status = store.read_status() or {}
+        iteration = status.get("iteration") or 0
+        if iteration in pending and status.get("phase") == AGENT_STEP:
+            (standin / "control.json").write_text(json.dumps(pending.pop(iteration)))
+        if not status.get("running", True):
+            return
+
+
+def _stop_server(standin: Path) -> None:
+    pid_file = standin / "server.pid"
+    if pid_file.is_file():
+        with contextlib.suppress(ValueError):
+            execute.kill_tree(int(pid_file.read_text().strip()))
+
+
+def _show(workspace: Path) -> None:
+    log = workspace / "logs" / "vllm-deaths.log"
+    records = reports.read_records(reports.records_path(log))
+    print()
+    print(reports.summarize(records))
+    print(f"\ndeath log: {log}\njson records: {reports.records_path(log)}\n")
+    if log.is_file():
+        first = log.read_text(encoding="utf-8").split("===== END =====")[0]
+        print(first + "===== END =====")

@@ -1,0 +1,42 @@
+"""`ralph-run diagnose RUNBOOK`: run every collector now and print the report; no recovery."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ralph_runner import checklist, diagnostics, plan, reports, tasks
+from ralph_runner.service import iso_time
+
+
+def main(args: argparse.Namespace) -> int:
+    for p in plan.build(args.runbook, args.inventory, args.limit, args.extra_vars):
+        model = p.model
+        path = p.path(("checklist", "path"), model.checklist.path)
+        counts = checklist.counts(checklist.read(path) if path.is_file() else "").as_dict()
+        variables = {**p.variables, "phase": "diagnose", "checklist": counts, "deaths": 0}
+        where = tasks.Where(
+            p, timeout=model.diagnostics.timeout, max_output=model.diagnostics.max_output
+        )
+        record = {
+            "event": "diagnose",
+            "death": 0,
+            "time": iso_time(time.time()),
+            "host": p.host,
+            "runbook": str(p.runbook.path),
+            "service": p.variables.get("service_name", model.name),
+            "iteration": None,
+            "item": None,
+            "phase": "diagnose",
+            "prompt_size": None,
+            "checklist": counts,
+            "probes": [],
+            "collectors": diagnostics.collect(p.runbook.collectors, where, variables),
+        }
+        redactor = reports.Redactor(p.secret_values())
+        if args.json:
+            print(json.dumps(redactor.data(record), ensure_ascii=False))
+        else:
+            print(reports.render(record, reports.default_template(), p.templar, redactor))
+    return 0

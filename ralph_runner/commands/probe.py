@@ -1,0 +1,39 @@
+"""`ralph-run probe RUNBOOK`: one round of every health probe now; exit 0 healthy, 1 not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ralph_runner import loop, plan
+from ralph_runner.errors import FatalError
+
+
+def main(args: argparse.Namespace) -> int:
+    plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)
+    healthy = True
+    for p in plans:
+        if not p.runbook.probes:
+            raise FatalError(
+                p.runbook.where(("health",)).__class__(
+                    "the runbook declares no health probes",
+                    str(p.runbook.path),
+                    path="health.probes",
+                )
+            )
+        health = loop.health_for(p)
+        try:
+            results = health.round(None)
+        finally:
+            health.close()
+        healthy = healthy and all(r.ok for r in results)
+        for r in results:
+            if args.json:
+                print(json.dumps({"host": p.host, **r.as_dict()}))
+            else:
+                mark = "ok  " if r.ok else f"FAIL {r.reason}"
+                print(
+                    f"{p.host}: {mark:<12} {r.name} ({r.kind}, {r.seconds * 1000:.1f} ms)"
+                    + ("" if r.ok else f": {r.detail}")
+                )
+    return 0 if healthy else 1

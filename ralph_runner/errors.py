@@ -1,0 +1,43 @@
+"""The one error type of ralph-run: caught once, at the top, in cli.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input, and exactly where it is."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None  # 1-based
+    column: int | None = None  # 1-based
+    path: str = ""  # key path, e.g. "loop.steps[1].shell"
+
+    def __str__(self) -> str:
+        where = ":".join(str(p) for p in (self.file, self.line, self.column) if p is not None)
+        parts = [p for p in (where, self.path) if p]
+        return ": ".join([*parts, self.message])
+
+
+class FatalError(Exception):
+    """An error the operator must fix; carries one or more problems and the exit code."""
+
+    def __init__(self, problems: Problem | str | list[Problem], exit_code: int = 2) -> None:
+        if isinstance(problems, str):
+            problems = Problem(problems)
+        self.problems: list[Problem] = problems if isinstance(problems, list) else [problems]
+        self.exit_code = exit_code
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def key_path(path: tuple[str | int, ...]) -> str:
+    """Render ("loop", "steps", 1, "shell") as "loop.steps[1].shell"."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out

@@ -1,0 +1,357 @@
+"""The one way ralph-run starts a process.
+
+Every command (loop step, collector, recovery step, shell probe) runs here, through the `sh`
+library, with its traps closed: each command gets its own session (so a kill reaches the whole
+tree and a Ctrl-C on the terminal does not), no TTY, stderr merged into stdout, and only the
+*last* `max_output` bytes kept (the end of a log is what explains a death). On timeout, cancel or
+shutdown the whole tree is killed: the session's process group plus every descendant psutil can
+see (grandchildren that moved to their own group or session included), TERM first, then KILL.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import psutil
+import sh
+
+log = logging.getLogger(__name__)
+# sh logs every start and exit at INFO: noise in `-v` output, where our own events say more.
+logging.getLogger(sh.SH_LOGGER_NAME).setLevel(logging.WARNING)
+
+DEFAULT_MAX_OUTPUT = 64 * 1024
+CANNOT_START = 127  # what a shell reports for a command it cannot run
+_READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
+_POLL = 0.05  # seconds between checks of `cancel` and the deadline
+
+
+@dataclass
+class Result:
+    """What a finished (or killed) command left behind."""
+
+    command: str  # display form
+    exit_code: int | None  # None when killed before it exited on its own; 128+N: died of signal N
+    output: str  # combined stdout+stderr (utf-8, errors replaced), last max_output bytes
+    cut_bytes: int  # bytes dropped from the front; 0 = complete
+    timed_out: bool
+    cancelled: bool  # killed because `cancel` was set (or by kill_all)
+    seconds: float
+
+    @property
+    def truncated(self) -> bool:
+        return self.cut_bytes > 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.cancelled
+
+
+class _OutputTail:
+    """Receives output chunks from sh's reader thread and keeps only the last `limit` bytes.
+
+    A file-like sink (not a plain callable) so that sh hands over raw bytes: byte counts stay
+    exact and a UTF-8 character split across two reads is decoded whole.
+    """
+
+    def __init__(self, limit: int, on_output: Callable[[str], None] | None) -> None:
+        self.limit = max(limit, 0)
+        self.total = 0
+        self._buffer = bytearray()
+        self._on_output = on_output
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self._buffer += chunk
+        if len(self._buffer) > 2 * self.limit + _READ_SIZE:  # trim in batches, not every chunk
+            del self._buffer[: len(self._buffer) - self.limit]
+        if self._on_output is not None:
+            self._notify(self._decoder.decode(chunk))
+
+    def close(self) -> None:
+        if self._on_output is not None:
+            self._notify(self._decoder.decode(b"", final=True))
+
+    def _notify(self, text: str) -> None:
+        # The callback runs in sh's reader thread: if it raised there, reading would stop and a
+        # chatty command would block forever on a full pipe. Report once and stop calling it.
+        if not text or self._on_output is None:
+            return
+        try:
+            self._on_output(text)
+        except Exception:
+            log.exception("on_output callback failed; live output disabled for this command")
+            self._on_output = None
+
+    def result(self) -> tuple[str, int]:
+        """The kept text and how many bytes were cut from the front."""
+        kept = bytes(self._buffer[-self.limit :]) if self.limit else b""
+        cut = self.total - len(kept)
+        if cut:  # don't start the text with half a character
+            skip = 0
+            while skip < min(3, len(kept)) and kept[skip] & 0xC0 == 0x80:
+                skip += 1
+            kept, cut = kept[skip:], cut + skip
+        return kept.decode("utf-8", errors="replace"), cut
+
+
+class _Running:
+    """One started command, as the registry (and kill_all) sees it."""
+
+    def __init__(self, command: sh.RunningCommand) -> None:
+        self.command = command
+        self.pid: int = command.pid
+        self.killed_by_shutdown = False
+
+
+_running: dict[int, _Running] = {}
+# Re-entrant: kill_all runs from a signal handler, possibly while the same (main) thread is
+# inside run() holding this lock.
+_registry_lock = threading.RLock()
+
+
+def run(
+    argv: list[str],
+    *,
+    cwd: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    cancel: threading.Event | None = None,
+    on_output: Callable[[str], None] | None = None,
+    stdin: str | None = None,
+    hold_stdin: bool = False,
+    display: str | None = None,
+) -> Result:
+    """Run argv to completion, timeout or cancel; never raises for a command that fails.
+
+    `env` is added to ralph-run's own environment. `stdin` is fed to the command; without it the
+    command reads /dev/null, or, with `hold_stdin`, a pipe that stays open until it exits (the
+    ssh connection uses that as a lifeline for the remote command). `display` is how the command
+    is shown in the Result (default: argv, shell-quoted).
+    """
+    command = display if display is not None else shlex.join(argv)
+    started = time.monotonic()
+    full_env = {**os.environ, **{k: str(v) for k, v in env.items()}} if env else None
+
+    def cannot_start(reason: str) -> Result:
+        return Result(command, CANNOT_START, reason + "\n", 0, False, False, _since(started))
+
+    if cwd is not None and not os.path.isdir(cwd):
+        return cannot_start(f"cannot start {command}: no such directory: {os.fspath(cwd)}")
+    search_path = (full_env or os.environ).get("PATH", os.defpath)
+    program = shutil.which(argv[0], path=search_path) if argv else None
+    if program is None:
+        name = argv[0] if argv else "(empty command)"
+        return cannot_start(f"cannot start {command}: {name}: command not found")
+
+    tail = _OutputTail(max_output, on_output)
+    lifeline = os.pipe() if hold_stdin and stdin is None else None
+    try:
+        try:
+            running = _start(program, argv[1:], cwd, full_env, stdin, lifeline, tail)
+        except (sh.ForkException, OSError) as error:
+            return cannot_start(f"cannot start {command}: {_last_line(str(error))}")
+        finally:
+            if lifeline is not None:
+                os.close(lifeline[0])  # the child has its own copy now
+        try:
+            stopped = _wait(running, started, timeout, cancel)
+        finally:
+            with _registry_lock:
+                _running.pop(running.pid, None)
+    finally:
+        if lifeline is not None:
+            os.close(lifeline[1])  # EOF on the command's stdin
+    tail.close()
+    output, cut = tail.result()
+    cancelled = stopped == "cancel" or running.killed_by_shutdown
+    exit_code = None if stopped or running.killed_by_shutdown else _exit_status(running.command)
+    return Result(command, exit_code, output, cut, stopped == "timeout", cancelled, _since(started))
+
+
+def shell(command: str, **kwargs) -> Result:
+    """Run a string with bash -c (the `shell` action); same keywords as run()."""
+    kwargs.setdefault("display", command)
+    return run(["bash", "-c", command], **kwargs)
+
+
+def kill_tree(pid: int, grace: float = 2.0) -> None:
+    """Kill pid's process group and every descendant: TERM, up to `grace` s, then KILL."""
+    _kill_trees([pid], grace)
+
+
+def kill_all(grace: float = 2.0) -> None:
+    """Kill the trees of every command still running (ralph-run's SIGTERM/SIGINT path)."""
+    with _registry_lock:
+        victims = list(_running.values())
+        for running in victims:
+            running.killed_by_shutdown = True
+    _kill_trees([running.pid for running in victims], grace)
+
+
+def _start(
+    program: str,
+    args: list[str],
+    cwd: str | os.PathLike | None,
+    env: dict[str, str] | None,
+    stdin: str | None,
+    lifeline: tuple[int, int] | None,
+    tail: _OutputTail,
+) -> _Running:
+    """Start the command and register it, atomically as far as kill_all is concerned."""
+    options: dict[str, object] = {
+        "_bg": True,
+        "_bg_exc": False,  # we read the exit code ourselves; no exception from sh's threads
+        "_new_session": True,  # its own session and process group: a kill reaches the tree
+        "_tty_out": False,
+        "_err_to_out": True,
+        "_out": tail,
+        "_no_out": True,  # sh keeps no copy of the output: memory stays flat
+        "_no_err": True,
+        "_out_bufsize": 0,  # hand each read on at once (read size raised below)
+        "_ok_code": range(-64, 256),  # every status is an answer, not an exception
+    }
+    if cwd is not None:
+        options["_cwd"] = os.fspath(cwd)
+    if env is not None:
+        options["_env"] = env
+    with open(os.devnull, "rb") as devnull, _registry_lock:
+        options["_in"] = stdin if stdin is not None else lifeline[0] if lifeline else devnull
+        command = sh.Command(program)(*args, **options)
+        running = _Running(command)
+        _running[running.pid] = running
+    # sh reads 1 byte at a time when unbuffered. A number N would read N bytes but also hold
+    # output back until N bytes piled up; line buffering would keep a newline-less stream
+    # (progress bars) in memory. So: unbuffered, with sh's read size raised to _READ_SIZE.
+    # The 100 MB output test fails (times out) if this attribute ever stops being sh's read size.
+    command.process._stdout_stream.bufsize = _READ_SIZE
+    return running
+
+
+def _wait(
+    running: _Running, started: float, timeout: float | None, cancel: threading.Event | None
+) -> str | None:
+    """Wait for the command; on timeout or cancel kill its tree and say which happened."""
+    finished = threading.Event()
+
+    def reap() -> None:
+        try:
+            running.command.wait()  # waitpid, then drain the output (sh gives up after 2 s)
+        finally:
+            finished.set()
+
+    threading.Thread(target=reap, name=f"reap {running.pid}", daemon=True).start()
+    deadline = None if timeout is None else started + timeout
+    while not finished.wait(_POLL if deadline is None else _clamp(deadline, _POLL)):
+        reason = None
+        if cancel is not None and cancel.is_set():
+            reason = "cancel"
+        elif deadline is not None and time.monotonic() >= deadline:
+            reason = "timeout"
+        if reason:
+            kill_tree(running.pid)
+            finished.wait()
+            return reason
+    return None
+
+
+def _kill_trees(pids: Iterable[int], grace: float) -> None:
+    """TERM every tree, wait up to `grace` for all of them together, then KILL what is left."""
+    spared = _ourselves()
+    pids = [pid for pid in pids if pid not in spared]
+    victims = [p for p in _descendants(pids) if p.pid not in spared]
+    _signal(pids, victims, signal.SIGTERM)
+    alive = _wait_gone(victims, grace)
+    # Anything a dying process spawned during the grace period is still under the survivors.
+    for process in _descendants_of(alive):
+        if process not in alive:
+            alive.append(process)
+    _signal(pids, alive, signal.SIGKILL)
+
+
+def _ourselves() -> set[int]:
+    """Pids and group ids a kill must never hit: init, ralph-run, its group and ancestors."""
+    me = psutil.Process()
+    return {0, 1, me.pid, os.getpgrp(), *(parent.pid for parent in me.parents())}
+
+
+def _wait_gone(processes: list[psutil.Process], grace: float) -> list[psutil.Process]:
+    """Poll until every process is gone (or a zombie) or `grace` runs out; return the rest.
+
+    Not psutil.wait_procs: it would reap our own children, stealing the exit status that sh's
+    waitpid is waiting for.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        processes = [p for p in processes if _alive(p)]
+        if not processes or time.monotonic() >= deadline:
+            return processes
+        time.sleep(_POLL / 5)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _descendants(pids: list[int]) -> list[psutil.Process]:
+    """Leaders and all their descendants, collected before any dies: orphans get reparented."""
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return processes + [p for p in _descendants_of(processes) if p not in processes]
+
+
+def _descendants_of(processes: list[psutil.Process]) -> list[psutil.Process]:
+    found: list[psutil.Process] = []
+    for process in processes:
+        try:
+            found.extend(p for p in process.children(recursive=True) if p not in found)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _signal(groups: list[int], processes: list[psutil.Process], signum: int) -> None:
+    """Signal each group (each command is its session's leader) and each process."""
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
+    for process in processes:
+        # psutil refuses to signal a pid that was reused meanwhile
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            process.send_signal(signum)
+
+
+def _exit_status(command: sh.RunningCommand) -> int:
+    code = command.process.exit_code
+    return 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell says
+
+
+def _clamp(deadline: float, most: float) -> float:
+    return max(0.0, min(most, deadline - time.monotonic()))
+
+
+def _since(started: float) -> float:
+    return time.monotonic() - started
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text

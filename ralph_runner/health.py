@@ -1,0 +1,175 @@
+"""Is the service alive? Rounds of probes, and the confirmation that keeps a slow answer from
+counting as a death.
+
+A round runs its probes concurrently, each on its own daemon thread, and waits for each at most
+its timeout plus GRACE: httpx's timeouts are per phase (connect, then read), and an NVML call on a
+GPU that fell off the bus never returns, so the round enforces the limit itself. A check that
+outlives its round keeps its thread; until that thread ends, the probe fails at once as "still
+hung" instead of starting another. So a round lasts at most its longest timeout + GRACE, and a
+death is confirmed within `failures_before_dead` x timeout + (`failures_before_dead` - 1) x
+`interval` (plus GRACE per round).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from ralph_runner.probes import ProbeContext, ProbeResult, run_probe
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ralph_runner.connection import Connection
+
+GRACE = 0.25  # seconds a check may overrun its timeout before its round stops waiting
+FLOOR = 0.5  # the shortest timeout `wait_healthy` gives a probe as its deadline draws near
+
+
+@dataclass
+class ProbeSpec:
+    """A probe as the runbook declares it, its params already rendered and validated."""
+
+    name: str
+    kind: str
+    params: Any
+    timeout: float = 5.0
+    every: int = 1  # run at most every N iterations (always on the first round)
+
+
+def passed(results: list[ProbeResult]) -> bool:
+    return all(result.ok for result in results)
+
+
+class Health:
+    """The service's probes, with one kept-alive HTTP client shared by all of them."""
+
+    def __init__(
+        self,
+        probes: list[ProbeSpec],
+        *,
+        failures_before_dead: int = 2,
+        interval: float = 1.0,
+        connection: Connection,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.probes = list(probes)
+        self.failures_before_dead = failures_before_dead
+        self.interval = interval
+        self.connection = connection
+        self._owns_client = client is None
+        self.client = client or httpx.Client()
+        self._lock = threading.Lock()
+        self._last_run: dict[int, int] = {}  # probe index -> iteration it last ran in
+        self._hung: dict[int, Future[ProbeResult]] = {}  # checks that outlived their round
+
+    def round(self, iteration: int | None = None) -> list[ProbeResult]:
+        """One round of the probes due at `iteration` (all of them when it is None)."""
+        with self._lock:
+            due = [
+                index
+                for index, spec in enumerate(self.probes)
+                if iteration is None
+                or spec.every == 1
+                or index not in self._last_run
+                or iteration == self._last_run[index]  # due this iteration: every check runs it
+                or iteration - self._last_run[index] >= spec.every
+            ]
+        return self._run(due, iteration)
+
+    def check(
+        self, iteration: int | None = None, cancel: threading.Event | None = None
+    ) -> tuple[bool, list[list[ProbeResult]]]:
+        """Alive? A failed round starts confirmation: up to `failures_before_dead` consecutive
+        failed rounds (the first one included), `interval` s apart, each running every probe;
+        any passing round means alive. Returns every round's results for the death record.
+
+        Cancelled mid-confirmation it answers alive: a death is never declared unconfirmed,
+        and the caller sees its own event set.
+        """
+        rounds = [self.round(iteration)]
+        while not passed(rounds[-1]) and len(rounds) < self.failures_before_dead:
+            if _pause(self.interval, cancel):
+                return True, rounds
+            rounds.append(self._run(range(len(self.probes)), iteration))
+        return passed(rounds[-1]), rounds
+
+    def wait_healthy(
+        self, within: float, *, poll: float = 0.5, cancel: threading.Event | None = None
+    ) -> tuple[bool, list[ProbeResult]]:
+        """Poll rounds of every probe until one passes or `within` seconds are gone (the
+        last rounds' timeouts shrink to fit, down to FLOOR). Returns the last round."""
+        deadline = time.monotonic() + within
+        while True:
+            left = deadline - time.monotonic()
+            results = self._run(range(len(self.probes)), None, cap=max(left, FLOOR))
+            if passed(results):
+                return True, results
+            left = deadline - time.monotonic()
+            if left <= 0 or _pause(min(poll, left), cancel):
+                return False, results
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Health:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(
+        self, indexes: Iterable[int], iteration: int | None, cap: float | None = None
+    ) -> list[ProbeResult]:
+        launched = []
+        for index in indexes:
+            spec = self.probes[index]
+            timeout = spec.timeout if cap is None else min(spec.timeout, cap)
+            deadline = time.monotonic() + timeout + GRACE
+            launched.append((index, timeout, deadline, self._launch(index, timeout, iteration)))
+        return [self._outcome(*probe) for probe in launched]
+
+    def _launch(self, index: int, timeout: float, iteration: int | None) -> Future[ProbeResult]:
+        spec = self.probes[index]
+        future: Future[ProbeResult] = Future()
+        with self._lock:
+            if iteration is not None:
+                self._last_run[index] = iteration
+            hung = self._hung.get(index)
+            if hung is not None and hung.done():
+                del self._hung[index]
+                hung = None
+        if hung is not None:
+            detail = "still hung from an earlier round"
+            future.set_result(ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0))
+            return future
+        ctx = ProbeContext(self.client, self.connection, timeout)
+
+        def probe() -> None:
+            future.set_result(run_probe(spec.name, spec.kind, spec.params, ctx))
+
+        threading.Thread(target=probe, name=f"probe {spec.name}", daemon=True).start()
+        return future
+
+    def _outcome(
+        self, index: int, timeout: float, deadline: float, future: Future[ProbeResult]
+    ) -> ProbeResult:
+        try:
+            return future.result(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            with self._lock:
+                self._hung[index] = future
+            spec = self.probes[index]
+            detail = f"no answer within {timeout:g}s (the check is still running)"
+            return ProbeResult(spec.name, spec.kind, False, "timeout", detail, timeout)
+
+
+def _pause(seconds: float, cancel: threading.Event | None) -> bool:
+    """Wait; True when cancelled."""
+    return (cancel or threading.Event()).wait(seconds)

@@ -1,0 +1,172 @@
+"""Runbook files -> validated models, with `use:` collector sets and `include:` files resolved.
+
+Every task keeps where it was written (file, line, column, key path) so that a template or
+runtime error months later still points at the line to fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ralph_runner import schema, yamlfile
+from ralph_runner.errors import FatalError, Problem
+from ralph_runner.yamlfile import Document
+
+SHIPPED_COLLECTORS = Path(__file__).parent / "collectors"
+
+
+@dataclass
+class TaskSpec:
+    """One task, ready to run: its model, its action kind, where it was written, set vars."""
+
+    task: BaseModel
+    kind: str
+    where: Problem
+    vars: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.task.name or f"{self.kind}"
+
+
+@dataclass
+class ProbeSpecRaw:
+    probe: BaseModel
+    kind: str
+    where: Problem
+
+    @property
+    def name(self) -> str:
+        return self.probe.name or self.kind
+
+
+@dataclass
+class LoadedRunbook:
+    path: Path
+    document: Document
+    model: schema.Runbook
+    loop_steps: list[TaskSpec]
+    collectors: list[TaskSpec]
+    recovery_steps: list[TaskSpec]
+    probes: list[ProbeSpecRaw]
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def where(self, key: tuple) -> Problem:
+        """The position of `key` in the runbook, for errors about its value."""
+        return self.document.problem(key, "")
+
+
+def load(path: str | Path) -> LoadedRunbook:
+    """Load, validate and resolve a runbook; every problem found is reported at once."""
+    path = Path(path)
+    document = yamlfile.load(path)
+    if not isinstance(document.data, dict):
+        raise FatalError(document.problem((), "a runbook must be a mapping of keys"))
+    model = schema.validate(document, schema.Runbook)
+    problems: list[Problem] = []
+
+    def expand(entries: list, key: tuple) -> list[TaskSpec]:
+        return _expand(entries, document, key, path.parent, problems, seen=(path.resolve(),))
+
+    loaded = LoadedRunbook(
+        path=path,
+        document=document,
+        model=model,
+        loop_steps=expand(model.loop.steps, ("loop", "steps")),
+        collectors=expand(model.diagnostics.collect, ("diagnostics", "collect")),
+        recovery_steps=expand(model.recovery.steps, ("recovery", "steps")),
+        probes=[
+            ProbeSpecRaw(
+                probe, schema.probe_kind(probe), document.problem(("health", "probes", i), "")
+            )
+            for i, probe in enumerate(model.health.probes)
+        ],
+    )
+    if problems:
+        raise FatalError(problems)
+    return loaded
+
+
+def find_collector_set(name: str, runbook_dir: Path) -> Path | None:
+    """collectors/NAME.yaml beside the runbook, in its parent, then the copy shipped with us."""
+    for root in (runbook_dir / "collectors", runbook_dir.parent / "collectors", SHIPPED_COLLECTORS):
+        candidate = root / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _expand(
+    entries: list,
+    document: Document,
+    key: tuple,
+    base: Path,
+    problems: list[Problem],
+    seen: tuple[Path, ...],
+    inherited: dict[str, Any] | None = None,
+) -> list[TaskSpec]:
+    """Flatten tasks, `use:` sets and `include:` files into TaskSpecs, collecting problems."""
+    out: list[TaskSpec] = []
+    for i, entry in enumerate(entries):
+        where = (*key, i)
+        scope = {**(inherited or {}), **getattr(entry, "vars", {})}
+        if isinstance(entry, schema.Use):
+            found = find_collector_set(entry.use, base)
+            if found is None:
+                problems.append(document.problem((*where, "use"), _missing_set(entry.use, base)))
+                continue
+            out += _expand_file(found, schema.CollectorSet, "collect", problems, seen, scope)
+        elif isinstance(entry, schema.Include):
+            target = (base / entry.include).resolve()
+            if not target.is_file():
+                problems.append(document.problem((*where, "include"), f"no such file: {target}"))
+                continue
+            out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
+        else:
+            spot = document.problem(where, "")
+            out.append(TaskSpec(entry, schema.task_kind(entry), spot, scope))
+    return out
+
+
+def _expand_file(
+    path: Path,
+    model: type[BaseModel],
+    key: str,
+    problems: list[Problem],
+    seen: tuple[Path, ...],
+    scope: dict[str, Any],
+) -> list[TaskSpec]:
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path))
+        problems.append(Problem(f"include cycle: {chain}", str(path)))
+        return []
+    document = yamlfile.load(path)
+    if isinstance(document.data, list):  # a bare list of tasks
+        document = Document({key: document.data}, document.file, _nest(document.positions, key))
+    try:
+        parsed = schema.validate(document, model)
+    except FatalError as exc:
+        problems.extend(exc.problems)
+        return []
+    scope = {**getattr(parsed, "vars", {}), **scope}
+    entries = getattr(parsed, key)
+    return _expand(entries, document, (key,), path.parent, problems, (*seen, path.resolve()), scope)
+
+
+def _nest(positions: dict, key: str) -> dict:
+    return {(key, *path): where for path, where in positions.items()}
+
+
+def _missing_set(name: str, base: Path) -> str:
+    places = [base / "collectors", base.parent / "collectors", SHIPPED_COLLECTORS]
+    names = sorted({p.stem for root in places if root.is_dir() for p in root.glob("*.yaml")})
+    return f"no collector set {name!r} (looked in {', '.join(map(str, places))}); known: " + (
+        ", ".join(names) or "none"
+    )

@@ -1,0 +1,116 @@
+"""What the operator sees: readable lines (coloured on a terminal) or one JSON event per line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from ralph_runner.reports import Redactor
+
+COLOURS = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
+
+
+class Output:
+    """`event(kind, **fields)` is the one way the loop reports; thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        json_lines: bool = False,
+        stream: IO[str] | None = None,
+        verbose: int = 0,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.json_lines, self.verbose = json_lines, verbose
+        self.stream = stream or sys.stdout
+        self.redactor = redactor or Redactor([])
+        self.colour = not json_lines and self.stream.isatty()
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+
+    def event(self, kind: str, **fields: Any) -> None:
+        fields = self.redactor.data(fields)
+        with self._lock:
+            if self.json_lines:
+                line = json.dumps(
+                    {"event": kind, "time": round(time.time(), 3), **fields},
+                    ensure_ascii=False,
+                    default=str,
+                )
+            else:
+                render = HUMAN.get(kind)
+                if render is None or (kind in VERBOSE_ONLY and not self.verbose):
+                    return
+                line = render(fields, self._paint)
+                elapsed = time.monotonic() - self._started
+                line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
+            print(line, file=self.stream, flush=True)
+
+    def _paint(self, colour: str, text: str) -> str:
+        return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
+
+
+Painter = Callable[[str, str], str]
+
+HUMAN: dict[str, Callable[[dict, Painter], str]] = {
+    "resume": lambda f, p: p(
+        "yellow", f"resuming at iteration {f['iteration']} ({f['deaths']} deaths so far)"
+    ),
+    "iteration": lambda f, p: (
+        p("bold", f"iteration {f['iteration']}: {f['item']}")
+        + (p("dim", f"  (strikes {f['attempts']}, prompt {f['prompt_size']} chars)"))
+    ),
+    "step": lambda f, p: f"  → {f['step']}",
+    "step-done": lambda f, p: (
+        "  "
+        + (p("green", "✓") if f["ok"] else p("red", "✗"))
+        + f" {f['step']} "
+        + p("dim", f"{f['seconds']:.1f}s")
+        + (
+            ""
+            if f["ok"]
+            else p(
+                "red",
+                " killed"
+                if f.get("killed")
+                else " timed out"
+                if f["timed_out"]
+                else f" exit {f['exit_code']}",
+            )
+        )
+    ),
+    "watch": lambda f, p: p("red", f"  ! service died during {f['step']}: step killed"),
+    "death": lambda f, p: p("red", f"💀 death #{f['death']} at {f['phase']}: {f['reason']}"),
+    "capture": lambda f, p: f"  capturing {f['collectors']} diagnostics",
+    "report": lambda f, p: f"  📝 report appended to {f['log']}",
+    "recovery-step": lambda f, p: f"  🔁 recovery attempt {f['attempt']}: {f['step']}",
+    "recovery": lambda f, p: (
+        p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
+        if f["recovered"]
+        else p("red", f"  ❌ not recovered: {f['reason']}")
+    ),
+    "done": lambda f, p: p("green", f"  done: {f['item']}"),
+    "retry": lambda f, p: p(
+        "yellow", "  service died during this attempt: retrying the item, no strike"
+    ),
+    "strike": lambda f, p: p("yellow", f"  strike {f['strikes']}/{f['of']}: {f['reason']}"),
+    "skip": lambda f, p: p("red", f"  skipped after {f['strikes']} failures: {f['item']}"),
+    "summary": lambda f, p: p(
+        "bold",
+        ("stopped at max_iterations: " if f["stopped_at_max"] else "checklist finished: ")
+        + f"{f['iterations']} iterations, {f['done']} done, "
+        f"{f['todo']} todo, {f['skipped']} skipped, "
+        f"{f['deaths']} deaths, {f['seconds']:.1f}s",
+    ),
+}
+VERBOSE_ONLY = {"step"}

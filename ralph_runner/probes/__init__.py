@@ -1,0 +1,119 @@
+"""Probe kinds: one module each, behind one interface, so a health check says *how* it failed.
+
+A module in this package is a probe kind when it defines:
+
+    KIND: str                      # the key in a runbook's probe, e.g. "http"
+    Params: type                   # what the key's value must be (pydantic validates it)
+    def check(params, ctx: ProbeContext) -> tuple[bool, str | None, str]   # ok, reason, detail
+
+`check` may raise: `run_probe` times every check and turns an exception into a failed result
+(`classify`), so one place decides what "refused" and "timeout" mean.
+
+Probes run on the controller: HTTP and TCP probes connect from here, and the process and gpu
+probes look at this machine; only the command probe runs on the host's connection.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    from ralph_runner.connection import Connection
+
+REASONS = ("refused", "timeout", "status", "body", "error")
+EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail
+
+
+@dataclass
+class ProbeResult:
+    """One probe's verdict; `reason` is None when ok, else one of REASONS."""
+
+    name: str
+    kind: str
+    ok: bool
+    reason: str | None
+    detail: str
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class ProbeContext:
+    """What a check may use: one shared HTTP client (keep-alive), the host, the time limit."""
+
+    client: httpx.Client
+    connection: Connection
+    timeout: float
+
+
+def excerpt(text: str) -> str:
+    """The start of an answer, on one line, for a detail."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT else flat[: EXCERPT - 3] + "..."
+
+
+def _request_of(exc: httpx.RequestError) -> str:
+    try:
+        request = exc.request
+    except RuntimeError:  # raised by httpx when the error carries no request
+        return ""
+    return f" ({request.method} {request.url})"
+
+
+def _refused(exc: BaseException) -> bool:
+    """httpx wraps the socket error; look down the chain for the refusal itself."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def classify(exc: Exception, timeout: float | None = None) -> tuple[str, str]:
+    """An exception from a check -> (reason, readable detail)."""
+    after = f" after {timeout:g}s" if timeout is not None else ""
+    if isinstance(exc, httpx.TimeoutException):
+        phase = type(exc).__name__.removesuffix("Timeout").lower()  # connect, read, write, pool
+        return "timeout", f"timed out{after} ({phase}){_request_of(exc)}"
+    if isinstance(exc, TimeoutError):
+        return "timeout", f"timed out{after}"
+    if isinstance(exc, httpx.ConnectError | ConnectionRefusedError) and _refused(exc):
+        where = _request_of(exc) if isinstance(exc, httpx.RequestError) else ""
+        return "refused", f"connection refused{where}"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "error", f"server closed the connection without an answer{_request_of(exc)}"
+    if isinstance(exc, httpx.RequestError):
+        return "error", f"{exc or type(exc).__name__}{_request_of(exc)}"
+    return "error", f"{type(exc).__name__}: {exc}"
+
+
+def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResult:
+    """Run one check; never raises (an unexpected exception is a failed result, reason error)."""
+    started = time.monotonic()
+    try:
+        ok, reason, detail = KINDS[kind].check(params, ctx)
+    except Exception as exc:
+        ok, (reason, detail) = False, classify(exc, ctx.timeout)
+    return ProbeResult(name, kind, ok, None if ok else reason, detail, time.monotonic() - started)
+
+
+def _discover() -> dict[str, ModuleType]:
+    kinds = {}
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        kinds[module.KIND] = module
+    return kinds
+
+
+KINDS: dict[str, ModuleType] = _discover()

@@ -1,0 +1,56 @@
+"""`gpu: {index, min_free_mib, max_used_percent}`: the GPU answers NVML and has room.
+
+A GPU that fell off the bus, or memory still held by a dead server, shows up here. No driver
+(or no `pynvml`) is a failed probe, reason error, never an exception.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+from ralph_runner.probes import ProbeContext
+
+KIND = "gpu"
+MIB = 1024 * 1024
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: NonNegativeInt = 0
+    min_free_mib: NonNegativeInt | None = None
+    max_used_percent: float | None = Field(None, ge=0, le=100)  # of the GPU's memory
+
+
+def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, str]:
+    free_mib, used_mib, total_mib = (total - used) // MIB, used // MIB, total // MIB
+    percent = 100 * used / total if total else 0.0
+    detail = f"GPU {params.index}: {used_mib} MiB used, {free_mib} MiB free of {total_mib} MiB"
+    if params.min_free_mib is not None and free_mib < params.min_free_mib:
+        return False, "status", f"{detail} (want >= {params.min_free_mib} MiB free)"
+    if params.max_used_percent is not None and percent > params.max_used_percent:
+        return (
+            False,
+            "status",
+            f"{detail} ({percent:.1f}% used, want <= {params.max_used_percent:g}%)",
+        )
+    return True, None, detail
+
+
+def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+    try:
+        import pynvml
+    except ImportError as exc:
+        return False, "error", f"no NVIDIA driver ({exc})"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return False, "error", f"no NVIDIA driver ({exc})"
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(params.index)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return verdict(params, memory.used, memory.total)
+    except pynvml.NVMLError as exc:
+        return False, "error", f"GPU {params.index}: NVML: {exc}"
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,108 @@
+"""`process: {pidfile, name, cmdline}`: a live (not zombie) process matches every given field.
+
+ralph-run itself and its ancestors never count: `ralph-run runbooks/vllm.yaml` must not pass
+for a dead vLLM just because its own command line says "vllm". No match is reason "refused"
+(nothing there to answer, the process analog of a closed port).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from ralph_runner.probes import ProbeContext
+
+KIND = "process"
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pidfile: str | None = None
+    name: str | None = None  # exact process name, as `ps -o comm` shows it
+    cmdline: str | None = None  # a regular expression searched in the joined command line
+
+    @field_validator("cmdline")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"cmdline is not a regular expression: {exc}") from None
+        return pattern
+
+    @model_validator(mode="after")
+    def _something(self) -> Params:
+        if self.pidfile is None and self.name is None and self.cmdline is None:
+            raise ValueError("a process probe needs pidfile, name or cmdline")
+        return self
+
+    def wanted(self) -> str:
+        fields = {"pidfile": self.pidfile, "name": self.name, "cmdline": self.cmdline}
+        return ", ".join(f"{key}={value!r}" for key, value in fields.items() if value is not None)
+
+
+def ourselves() -> set[int]:
+    """This process and its ancestors: they must not pass for the watched service."""
+    me = psutil.Process()
+    return {me.pid, *(parent.pid for parent in me.parents())}
+
+
+def matches(process: psutil.Process, params: Params) -> bool:
+    try:
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if params.name is not None and process.name() != params.name:
+            return False
+        return params.cmdline is None or bool(
+            re.search(params.cmdline, " ".join(process.cmdline()))
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def name_of(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+
+
+def pid_in(pidfile: str) -> int | str:
+    """The pid a pidfile names, or why there is none."""
+    path = Path(os.path.expanduser(pidfile))
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return f"pidfile {pidfile} missing"
+    except OSError as exc:
+        return f"pidfile {pidfile} unreadable: {exc.strerror}"
+    return int(text) if text.isdigit() else f"pidfile {pidfile} holds {text[:40]!r}, not a pid"
+
+
+def candidates(params: Params) -> list[psutil.Process] | str:
+    if params.pidfile is None:
+        excluded = ourselves()
+        return [p for p in psutil.process_iter() if p.pid not in excluded]
+    pid = pid_in(params.pidfile)
+    if isinstance(pid, str):
+        return pid
+    try:
+        return [psutil.Process(pid)]
+    except psutil.NoSuchProcess:
+        return f"pid {pid} from {params.pidfile} is not running"
+
+
+def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+    found = candidates(params)
+    if isinstance(found, str):
+        return False, "refused", found
+    for process in found:
+        if matches(process, params):
+            return True, None, f"pid {process.pid} ({name_of(process)}) is running"
+    return False, "refused", f"no live process with {params.wanted()}"

@@ -1,0 +1,29 @@
+"""`tcp: {host, port}`: something accepts connections there (for services that speak no HTTP)."""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ralph_runner.probes import ProbeContext, classify
+
+KIND = "tcp"
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+
+
+def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+    address = f"{params.host}:{params.port}"
+    try:
+        with socket.create_connection((params.host, params.port), timeout=ctx.timeout):
+            pass
+    except OSError as exc:
+        reason, detail = classify(exc, ctx.timeout)
+        return False, reason, f"{address}: {detail}"
+    return True, None, f"{address}: connected"

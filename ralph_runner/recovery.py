@@ -1,0 +1,76 @@
+"""Bring the service back: steps with attempts, delay and backoff, then wait for health."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ralph_runner import tasks
+from ralph_runner.health import Health
+from ralph_runner.loader import TaskSpec
+from ralph_runner.schema import Recovery
+
+
+@dataclass
+class Outcome:
+    recovered: bool
+    attempts: int
+    seconds: float
+    reason: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def recover(
+    config: Recovery,
+    specs: list[TaskSpec],
+    where: tasks.Where,
+    variables: dict[str, Any],
+    health: Health,
+    stop: threading.Event,
+    on_step=None,
+) -> Outcome:
+    """One attempt = the steps in order (a failing step ends it), then probes until healthy."""
+    started = time.monotonic()
+    steps: list[dict[str, Any]] = []
+    reason = None
+    for attempt in range(1, config.attempts + 1):
+        failed = None
+        for spec in specs:
+            if on_step:
+                on_step(attempt, spec)
+            result = tasks.run(spec, where, variables, stop)
+            steps.append(_step(attempt, spec, result))
+            if not result.ok and not spec.task.ignore_errors:
+                failed = f"step {spec.name!r} failed ({_why(result)})"
+                break
+        if failed is None:
+            healthy, _ = health.wait_healthy(config.healthy_within, cancel=stop)
+            if healthy:
+                return Outcome(True, attempt, time.monotonic() - started, None, steps)
+            failed = f"not healthy within {config.healthy_within:g} s after the steps"
+        reason = f"{failed} (attempt {attempt} of {config.attempts})"
+        if attempt < config.attempts and stop.wait(config.delay * config.backoff ** (attempt - 1)):
+            break
+    return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)
+
+
+def _why(result) -> str:
+    if result.timed_out:
+        return "timed out"
+    if result.cancelled:
+        return "interrupted"
+    return f"exit {result.exit_code}"
+
+
+def _step(attempt: int, spec: TaskSpec, result) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "name": spec.name,
+        "ok": result.ok,
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "seconds": round(result.seconds, 3),
+        "output": "\n".join(result.output.splitlines()[-10:]),
+    }

@@ -1,0 +1,257 @@
+"""The whole runbook language, declared as data in one place (like pre-commit's clientlib).
+
+Action kinds and probe kinds come from their packages, so adding one touches one file.
+`validate` turns pydantic's errors into Problems with file, line, column and key path;
+`json_schema` exports the same models for editors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+
+from ralph_runner import actions, probes
+from ralph_runner.errors import FatalError
+from ralph_runner.yamlfile import Document
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+
+
+def _exactly_one(kinds: dict[str, Any], what: str):
+    """A before-validator: the mapping must hold exactly one key out of `kinds`."""
+
+    def check(cls: type, data: Any) -> Any:
+        if isinstance(data, dict):
+            found = [key for key in data if key in kinds]
+            if len(found) != 1:
+                names = ", ".join(sorted(kinds))
+                got = " and ".join(found) if found else "none"
+                raise ValueError(f"a {what} needs exactly one of: {names} (found {got})")
+        return data
+
+    return model_validator(mode="before")(classmethod(check))
+
+
+_TASK_KEYWORDS: dict[str, Any] = {
+    "name": (str | None, None),
+    "when": (str | bool | None, None),
+    "register_": (str | None, Field(None, alias="register")),  # `register` is pydantic's
+    "timeout": (PositiveFloat | None, None),
+    "retries": (NonNegativeInt | None, None),
+    "delay": (NonNegativeFloat, 1.0),
+    "until": (str | None, None),
+    "ignore_errors": (bool, False),
+    "env": (dict[str, str | int | float | bool], {}),
+    "vars": (dict[str, Any], {}),
+    "delegate_to": (str | None, None),
+}
+
+Task = create_model(
+    "Task",
+    __base__=Model,
+    __validators__={"one_action": _exactly_one(actions.KINDS, "task")},
+    **_TASK_KEYWORDS,
+    **{key: (module.Params | None, None) for key, module in actions.KINDS.items()},
+)
+
+
+def task_kind(task: BaseModel) -> str:
+    """The action key a validated task uses."""
+    return next(key for key in actions.KINDS if key in task.model_fields_set)
+
+
+class Use(Model):
+    """`- use: NAME`: a collector set from collectors/NAME.yaml."""
+
+    use: str
+    vars: dict[str, Any] = {}
+
+
+class Include(Model):
+    """`- include: FILE`: a task file, relative to the runbook."""
+
+    include: str
+    vars: dict[str, Any] = {}
+
+
+def _entry_tag(value: Any) -> str:
+    if isinstance(value, dict) and "use" in value:
+        return "use"
+    if isinstance(value, dict) and "include" in value:
+        return "include"
+    return "task"
+
+
+TaskEntry = Annotated[
+    Annotated[Task, Tag("task")] | Annotated[Use, Tag("use")] | Annotated[Include, Tag("include")],
+    Discriminator(_entry_tag),
+]
+
+Probe = create_model(
+    "Probe",
+    __base__=Model,
+    __validators__={"one_kind": _exactly_one(probes.KINDS, "probe")},
+    name=(str | None, None),
+    timeout=(PositiveFloat, 5.0),
+    every=(PositiveInt, 1),
+    **{kind: (module.Params | None, None) for kind, module in probes.KINDS.items()},
+)
+
+
+def probe_kind(probe: BaseModel) -> str:
+    return next(kind for kind in probes.KINDS if kind in probe.model_fields_set)
+
+
+class Checklist(Model):
+    path: str = "CHECKLIST.md"
+    strikes: PositiveInt = 3
+
+
+class Health(Model):
+    probes: list[Probe] = []  # type: ignore[valid-type]
+    failures_before_dead: PositiveInt = 2
+    interval: NonNegativeFloat = 1.0
+    watch: NonNegativeFloat = 0.0
+
+
+class Diagnostics(Model):
+    log: str = "logs/deaths.log"
+    records: str | None = None
+    template: str = "default"
+    timeout: PositiveFloat = 15.0
+    max_output: PositiveInt = 64 * 1024
+    collect: list[TaskEntry] = []
+
+
+class CrashLoop(Model):
+    deaths: PositiveInt = 5
+    within: PositiveFloat = 600.0
+
+
+class Recovery(Model):
+    steps: list[TaskEntry] = []
+    attempts: PositiveInt = 1
+    delay: NonNegativeFloat = 0.0
+    backoff: PositiveFloat = 1.0
+    healthy_within: NonNegativeFloat = 60.0
+    exit_code: int = Field(4, ge=1, le=255)
+    crash_loop: CrashLoop = CrashLoop()
+
+
+class Loop(Model):
+    max_iterations: NonNegativeInt = 0
+    steps: list[TaskEntry]
+
+
+class Runbook(Model):
+    name: str | None = None
+    hosts: str = "localhost"
+    vars: dict[str, Any] = {}
+    secrets: list[str] = []
+    workdir: str = "."
+    checklist: Checklist = Checklist()
+    prompt: str = ""
+    health: Health = Health()
+    diagnostics: Diagnostics = Diagnostics()
+    recovery: Recovery = Recovery()
+    loop: Loop
+
+
+class CollectorSet(Model):
+    """collectors/NAME.yaml: a shareable list of diagnostic tasks."""
+
+    description: str | None = None
+    vars: dict[str, Any] = {}
+    collect: list[TaskEntry]
+
+
+class TaskFile(Model):
+    """An `include`d file: a plain list of tasks."""
+
+    tasks: list[TaskEntry]
+
+
+def _known_keys() -> set[str]:
+    keys: set[str] = set()
+    for model in (Task, Use, Include, Probe, Checklist, Health, Diagnostics, CrashLoop, Recovery):
+        keys.update(model.model_fields)
+    keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
+    for module in (*actions.KINDS.values(), *probes.KINDS.values()):
+        if isinstance(module.Params, type) and issubclass(module.Params, BaseModel):
+            keys.update(module.Params.model_fields)
+    return keys
+
+
+def _data_path(data: Any, loc: tuple[Any, ...]) -> tuple[str | int, ...]:
+    """Follow pydantic's loc through the data, dropping union/tag names that are not keys."""
+    path: list[str | int] = []
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        in_dict = isinstance(data, dict) and part in data
+        in_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
+        if in_dict or in_list:
+            path.append(part)
+            data = data[part]
+        elif last and isinstance(data, dict) and isinstance(part, str) and part.isidentifier():
+            path.append(part)  # a missing key: point at its parent, name the key
+    return tuple(path)
+
+
+def _message(error: dict[str, Any], path: tuple[str | int, ...], known: set[str]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key = path[-1]
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown key {key!r}{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    found = error.get("input")
+    text = repr(found)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{message[0].lower()}{message[1:]}; found {text}"
+
+
+def validate(document: Document, model: type[BaseModel]) -> Any:
+    """Validate `document.data` against `model`; every problem names file, line, column, path."""
+    try:
+        return model.model_validate(document.data)
+    except ValidationError as exc:
+        known = _known_keys()
+        by_path: dict[tuple, list[str]] = {}
+        for error in exc.errors():
+            path = _data_path(document.data, error["loc"])
+            messages = by_path.setdefault(path, [])
+            message = _message(error, path, known)
+            if message not in messages:
+                messages.append(message)
+        problems = [
+            document.problem(path, " or ".join(messages)) for path, messages in by_path.items()
+        ]
+        raise FatalError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0))) from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The runbook language as JSON Schema (for editors' completion and validation)."""
+    schema = Runbook.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "ralph-run runbook"
+    return schema

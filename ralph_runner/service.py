@@ -1,0 +1,146 @@
+"""ensure_alive, the seed's function made declarative: probe, confirm, capture, report, recover."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from ralph_runner import diagnostics, recovery, tasks
+from ralph_runner.errors import FatalError
+from ralph_runner.health import Health
+from ralph_runner.plan import Plan
+from ralph_runner.probes import ProbeResult
+from ralph_runner.reports import DeathLog
+from ralph_runner.state import State, Store
+
+
+class GaveUp(FatalError):
+    """The service could not be brought back: the loop stops with recovery.exit_code."""
+
+
+class Service:
+    """The watched service of one plan: one Health, one death log, the run's state."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        health: Health,
+        death_log: DeathLog,
+        state: State,
+        store: Store,
+        stop: threading.Event,
+        emit: Callable[..., None],
+    ) -> None:
+        self.plan, self.health, self.death_log = plan, health, death_log
+        self.state, self.store, self.stop, self.emit = state, store, stop, emit
+        self.config = plan.model.recovery
+
+    def ensure_alive(self, phase: str, facts: dict[str, Any], iteration: int | None) -> bool:
+        """True when healthy (at once) or recovered; raises GaveUp when it cannot be."""
+        if not self.plan.runbook.probes:
+            return True
+        alive, rounds = self.health.check(iteration, cancel=self.stop)
+        if alive:
+            return True
+        self.died(phase, rounds, facts)
+        return True
+
+    def died(self, phase: str, rounds: list[list[ProbeResult]], facts: dict[str, Any]) -> None:
+        """Record the death with every diagnostic, then recover or give up."""
+        now = time.time()
+        state = self.state
+        state.deaths += 1
+        state.death_times.append(now)
+        number = state.deaths
+        failing = next((r for r in rounds[-1] if not r.ok), None) if rounds else None
+        state.last_death = {
+            "death": number,
+            "time": iso_time(now),
+            "phase": phase,
+            "item": (facts.get("item") or {}).get("text"),
+            "reason": failing and f"{failing.name}: {failing.reason} ({failing.detail})",
+        }
+        self.store.save(state)
+        self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
+        variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
+        where = tasks.Where(
+            self.plan,
+            timeout=self.plan.model.diagnostics.timeout,
+            max_output=self.plan.model.diagnostics.max_output,
+            cwd=self.plan.workdir,
+        )
+        self.emit("capture", collectors=len(self.plan.runbook.collectors))
+        started = time.monotonic()
+        collected = diagnostics.collect(self.plan.runbook.collectors, where, variables)
+        record = {
+            "event": "death",
+            "death": number,
+            "time": iso_time(now),
+            "host": self.plan.host,
+            "runbook": str(self.plan.runbook.path),
+            "service": self.plan.variables.get("service_name", self.plan.model.name),
+            **{k: v for k, v in facts.items() if k != "variables"},
+            "phase": phase,
+            "probes": [r.as_dict() for r in rounds[-1]] if rounds else [],
+            "probe_rounds": len(rounds),
+            "collectors": collected,
+            "capture_seconds": round(time.monotonic() - started, 3),
+        }
+        self.death_log.write_death(record)
+        self.emit("report", death=number, log=str(self.death_log.log_path))
+        outcome = self._recover_or_reason(now, where, variables)
+        self.death_log.write_recovery(
+            {
+                "event": "recovery",
+                "death": number,
+                "time": iso_time(time.time()),
+                "attempts": outcome.attempts,
+                "recovered": outcome.recovered,
+                "seconds": round(outcome.seconds, 3),
+                "reason": outcome.reason,
+                "steps": outcome.steps,
+            }
+        )
+        self.emit(
+            "recovery",
+            death=number,
+            recovered=outcome.recovered,
+            attempts=outcome.attempts,
+            seconds=round(outcome.seconds, 3),
+            reason=outcome.reason,
+        )
+        if not outcome.recovered:
+            raise GaveUp(
+                f"service not recovered: {outcome.reason}", exit_code=self.config.exit_code
+            )
+
+    def _recover_or_reason(self, now: float, where: tasks.Where, variables: dict):
+        window = self.config.crash_loop
+        recent = [t for t in self.state.death_times if now - t <= window.within]
+        if len(recent) > window.deaths:
+            reason = (
+                f"crash loop: {len(recent)} deaths within {window.within:g} s "
+                f"(crash_loop allows {window.deaths}); a person should look"
+            )
+            return recovery.Outcome(False, 0, 0.0, reason)
+        where = tasks.Where(self.plan, cwd=self.plan.workdir)
+
+        def on_step(attempt, spec):
+            self.emit("recovery-step", attempt=attempt, step=spec.name)
+
+        return recovery.recover(
+            self.config,
+            self.plan.runbook.recovery_steps,
+            where,
+            variables,
+            self.health,
+            self.stop,
+            on_step,
+        )
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")

@@ -1,0 +1,95 @@
+"""A stand-in coding agent: one chat completion, then tick the next checklist item and commit.
+
+It behaves like `opencode run` as the loop sees it: it needs the LLM server, and when the call
+fails (refused, timed out, an error status) it prints a short error and exits 1 having changed
+nothing, so ralph-run's verify step and death detection see what they would see in a real run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+UNCHECKED = re.compile(rb"^[ \t]*- (\[ \])(.*?)\r?$", re.MULTILINE)
+
+
+def ask(url: str, model: str, prompt: str, timeout: float) -> str:
+    """One chat completion; raises httpx.HTTPError or ValueError saying what went wrong."""
+    payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16}
+    response = httpx.post(f"{url.rstrip('/')}/chat/completions", json=payload, timeout=timeout)
+    if response.status_code != httpx.codes.OK:
+        raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def tick_first(checklist: Path) -> str | None:
+    """Turns the first `- [ ]` into `- [x]`, every other byte unchanged; the item's text."""
+    data = checklist.read_bytes()
+    match = UNCHECKED.search(data)
+    if match is None:
+        return None
+    start, end = match.span(1)
+    checklist.write_bytes(data[:start] + b"[x]" + data[end:])
+    return match.group(2).decode("utf-8", errors="replace").strip()
+
+
+def commit(message: str) -> str:
+    """`git add -A && git commit`; the new commit's short hash."""
+    subprocess.run(["git", "add", "-A"], check=True, capture_output=True)
+    subprocess.run(["git", "commit", "-q", "-m", message], check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=True, capture_output=True)
+    return head.stdout.decode().strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1"
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the LLM call")
+    parser.add_argument("--checklist", type=Path, default=Path("CHECKLIST.md"))
+    parser.add_argument("--no-commit", action="store_true", help="tick the item but never commit")
+    parser.add_argument("--fail", action="store_true", help="exit 1 at once, without calling")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to think before calling")
+    parser.add_argument("prompt", nargs="*", help="the prompt; read from stdin when absent")
+    args = parser.parse_args(argv)
+    prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+
+    print(f"> agent · {args.model} · {len(prompt)} chars of prompt", flush=True)
+    if args.fail:
+        print("Error: agent failed (--fail)", file=sys.stderr)
+        return 1
+    time.sleep(args.sleep)
+    try:
+        reply = ask(args.url, args.model, prompt, args.timeout)
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+        print(f"Error: {args.url}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(f"model: {reply}", flush=True)
+    try:
+        item = tick_first(args.checklist)
+    except OSError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+    if item is None:
+        print(f"nothing left to do in {args.checklist}")
+        return 0
+    print(f"ticked: {item}")
+    if not args.no_commit:
+        try:
+            print(f"committed {commit(f'done: {item}')}: done: {item}")
+        except subprocess.CalledProcessError as error:
+            print(f"Error: {error}: {error.stderr.decode(errors='replace')}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,284 @@
+"""The loop's durable state under <workdir>/.ralph/: a killed run restarts where it stopped.
+
+Every file here is replaced atomically (temp file, fsync, rename, fsync of the directory), so a
+run killed with SIGKILL or a power cut leaves either the old or the new content, never half of it.
+One run at a time owns a workdir: `.ralph/lock` is held with flock, which the kernel releases when
+the holder dies, so a lock left behind by a killed run is simply taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ralph_runner.errors import FatalError, Problem
+
+STATE_DIR = ".ralph"
+TEMP_SUFFIX = ".ralph-tmp"
+EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
+STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted")
+
+_write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that readers and crashes see the old or the new bytes only;
+    FatalError naming the file when it cannot be written (no space, no permission).
+
+    The temp file's name is fixed per target (`.NAME.ralph-tmp`), so a crash leaves at most one
+    behind, the next write reuses it, and `exclude_from_git` keeps it out of `git status`.
+    A symlink is followed (its target is replaced) and an existing file keeps its mode.
+    """
+    target = Path(os.path.realpath(path))
+    temp = target.with_name(f".{target.name}{TEMP_SUFFIX}")
+    with _write_lock:
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.fchmod(fd, os.stat(target).st_mode & 0o7777)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, target)
+            _fsync_dir(target.parent)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise FatalError(Problem(f"cannot write: {e.strerror}", str(path))) from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class State:
+    """What a restarted run needs to continue: counters, strikes, the item in hand."""
+
+    iteration: int = 0
+    strikes: dict[str, int] = field(default_factory=dict)  # item text -> strikes so far
+    deaths: int = 0
+    death_times: list[float] = field(default_factory=list)  # epoch seconds, for crash-loop windows
+    current_item: str | None = None
+    phase: str | None = None
+    pid: int | None = None
+    started: float | None = None  # epoch of the first start of this run
+    status: str = "idle"  # one of STATUSES
+    last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        """Build a State from saved data; unknown keys are ignored (a newer ralph-run wrote them).
+
+        Raises ValueError when a known key holds the wrong type.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name, value in known.items():
+            if not _VALID[name](value):
+                raise ValueError(f"{name!r} has an invalid value: {value!r}")
+        return cls(**known)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+_VALID = {
+    "iteration": _is_int,
+    "strikes": lambda v: isinstance(v, dict) and all(_is_int(n) for n in v.values()),
+    "deaths": _is_int,
+    "death_times": lambda v: isinstance(v, list) and all(_is_number(t) for t in v),
+    "current_item": lambda v: v is None or isinstance(v, str),
+    "phase": lambda v: v is None or isinstance(v, str),
+    "pid": lambda v: v is None or _is_int(v),
+    "started": lambda v: v is None or _is_number(v),
+    "status": lambda v: v in STATUSES,
+    "last_death": lambda v: v is None or isinstance(v, dict),
+}
+
+
+class Store:
+    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.dir = self.workdir / STATE_DIR
+        self.state_path = self.dir / "state.json"
+        self.status_path = self.dir / "status.json"
+        self.lock_path = self.dir / "lock"
+
+    def load(self) -> State:
+        """The saved state, or a fresh one when this workdir has never been run."""
+        data = self._read_json(self.state_path)
+        if data is None:
+            return State()
+        try:
+            return State.from_dict(data)
+        except ValueError as e:
+            raise self._corrupt(self.state_path, str(e)) from None
+
+    def save(self, state: State) -> None:
+        self._write_json(self.state_path, state.to_dict())
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """A snapshot that a cron job or a person can read without parsing logs."""
+        self._write_json(self.status_path, status)
+
+    def read_status(self) -> dict[str, Any] | None:
+        data = self._read_json(self.status_path)
+        if data is not None and not isinstance(data, dict):
+            raise self._corrupt(self.status_path, "expected a JSON object")
+        return data
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Own this workdir for the duration; another live ralph-run -> FatalError, exit code 3.
+
+        The lock file is never removed (unlinking a flock file lets two runs lock two different
+        inodes); on release its pid is cleared instead. The fd is not inherited by children, so
+        an agent left running by a killed ralph-run does not keep the workdir locked.
+        """
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise FatalError(Problem(f"cannot lock: {e.strerror}", str(self.lock_path))) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                workdir = os.path.abspath(self.workdir)
+                raise FatalError(
+                    Problem(
+                        f"another ralph-run (pid {_holder_pid(fd)}) holds {workdir}",
+                        file=str(self.lock_path),
+                    ),
+                    exit_code=3,
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+    def _read_json(self, path: Path) -> Any:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            raise self._corrupt(path, str(e)) from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FatalError(
+                Problem(f"{e.msg}; {self._reset_hint(path)}", str(path), e.lineno, e.colno)
+            ) from None
+
+    def _write_json(self, path: Path, data: dict[str, Any]) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
+        text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+        write_atomic(path, text.encode("utf-8"))
+
+    def _corrupt(self, path: Path, why: str) -> FatalError:
+        return FatalError(Problem(f"{why}; {self._reset_hint(path)}", str(path)))
+
+    def _reset_hint(self, path: Path) -> str:
+        what = "iteration count, strikes and deaths" if path == self.state_path else "the snapshot"
+        return f"delete {path} to start over (its {what} will be lost)"
+
+
+def _holder_pid(fd: int) -> str:
+    """The pid the lock holder wrote, or "unknown" if it has not written it yet."""
+    pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return pid if pid.isdigit() else "unknown"
+
+
+def exclude_from_git(workdir: Path, paths: list[Path]) -> None:
+    """Keep ralph-run's files out of `git status` via .git/info/exclude, so `verify: committed`
+    never sees them as a dirty tree. `.ralph/` and leftover temp files always; `paths` (relative
+    to `workdir` or absolute) when they lie inside the repository. Adds each entry once; does
+    nothing outside a git repository.
+    """
+    workdir = Path(os.path.realpath(workdir))
+    found = _find_repo(workdir)
+    if found is None:
+        return
+    top, common_dir = found
+    wanted = [f"*{TEMP_SUFFIX}", _anchored(top, workdir / STATE_DIR) + "/"]
+    for path in paths:
+        absolute = Path(os.path.realpath(workdir / path))
+        if absolute.is_relative_to(top) and absolute != top:
+            wanted.append(_anchored(top, absolute))
+    exclude = common_dir / "info" / "exclude"
+    existing = exclude.read_text("utf-8", "replace") if exclude.exists() else ""
+    present = existing.split("\n")
+    missing = [e for e in dict.fromkeys(wanted) if e not in present]
+    if not missing:
+        return
+    lines = [EXCLUDE_HEADER] if EXCLUDE_HEADER not in present else []
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    separator = "\n" if existing and not existing.endswith("\n") else ""
+    with exclude.open("a", encoding="utf-8") as out:
+        out.write(separator + "".join(f"{line}\n" for line in [*lines, *missing]))
+
+
+def _find_repo(start: Path) -> tuple[Path, Path] | None:
+    """(work tree top, common git dir) of the repository holding `start`, without running git.
+
+    A `.git` file (worktree, submodule) points at the git dir; a worktree's `commondir` points
+    at the directory that holds `info/exclude`.
+    """
+    for directory in [start, *start.parents]:
+        dotgit = directory / ".git"
+        if dotgit.is_dir():
+            return directory, dotgit
+        if dotgit.is_file():
+            content = dotgit.read_text(encoding="utf-8").strip()
+            if not content.startswith("gitdir:"):
+                return None
+            git_dir = (directory / content.removeprefix("gitdir:").strip()).resolve()
+            commondir = git_dir / "commondir"
+            if commondir.is_file():
+                git_dir = (git_dir / commondir.read_text(encoding="utf-8").strip()).resolve()
+            return directory, git_dir
+    return None
+
+
+def _anchored(top: Path, path: Path) -> str:
+    """A gitignore pattern that matches exactly `path` (inside `top`) and nothing else."""
+    escaped = "".join("\\" + c if c in "\\*?[" else c for c in path.relative_to(top).as_posix())
+    if escaped.endswith(" "):  # git strips unescaped trailing spaces
+        escaped = escaped[:-1] + "\\ "
+    return "/" + escaped

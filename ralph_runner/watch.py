@@ -1,0 +1,39 @@
+"""Probe the service while a loop step runs; on death, cancel the step at once."""
+
+from __future__ import annotations
+
+import threading
+
+from ralph_runner.health import Health
+from ralph_runner.probes import ProbeResult
+
+
+class Watch:
+    """A background thread: every `every` s a health check; a death sets `cancel`."""
+
+    def __init__(self, health: Health, every: float, iteration: int) -> None:
+        self.health, self.every, self.iteration = health, every, iteration
+        self.cancel = threading.Event()  # the step's cancel: set on death
+        self.rounds: list[list[ProbeResult]] | None = None  # the confirming rounds, on death
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.every):
+            alive, rounds = self.health.check(self.iteration, cancel=self._done)
+            if self._done.is_set():
+                return
+            if not alive:
+                self.rounds = rounds
+                self.cancel.set()
+                return

@@ -1,0 +1,208 @@
+"""Bad runbooks, collector sets, templates, arguments: exit 2, file:line:col, key path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ralph_runner import cli
+
+GOOD = """\
+name: t
+vars:
+  base_url: http://127.0.0.1:9/v1
+health:
+  probes:
+    - name: models
+      http: { url: "{{ base_url }}/models" }
+loop:
+  steps:
+    - ensure_alive: { phase: start }
+    - name: agent
+      shell: echo {{ item.text }}
+    - verify: {}
+"""
+
+
+def run_cli(tmp_path: Path, runbook: str, *args: str, files: dict[str, str] | None = None):
+    path = tmp_path / "runbook.yaml"
+    path.write_text(textwrap.dedent(runbook))
+    for name, text in (files or {}).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "CHECKLIST.md").write_text("- [ ] one\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([str(path), "--check", *args])
+    return exit_info.value.code, path
+
+
+# (runbook text, expected line, expected key path, a phrase of the message)
+CASES = {
+    "yaml syntax": ("loop:\n  steps: [\n", 3, "", "invalid YAML"),
+    "tab indentation": ("loop:\n\tsteps: []\n", 2, "", "invalid YAML"),
+    "duplicate key": ("loop:\n  steps: []\nloop:\n  steps: []\n", 3, "", "duplicate key 'loop'"),
+    "not a mapping": ("- just\n- a list\n", 1, "", "a runbook must be a mapping"),
+    "missing loop": ("name: x\n", 1, "loop", "required key is missing"),
+    "unknown top key": (GOOD + "helth: {}\n", 14, "helth", "did you mean 'health'"),
+    "unknown task keyword": (
+        GOOD.replace("      shell: echo", "      timout: 3\n      shell: echo"),
+        12,
+        "loop.steps[1].timout",
+        "did you mean 'timeout'",
+    ),
+    "two actions in a task": (
+        GOOD.replace("      shell: echo {{ item.text }}", "      shell: a\n      command: b"),
+        11,
+        "loop.steps[1]",
+        "exactly one of",
+    ),
+    "no action in a task": (
+        GOOD.replace("      shell: echo {{ item.text }}", "      timeout: 3"),
+        11,
+        "loop.steps[1]",
+        "found none",
+    ),
+    "timeout not a number": (
+        GOOD.replace("      shell: echo", "      timeout: soon\n      shell: echo"),
+        12,
+        "loop.steps[1].timeout",
+        "valid number",
+    ),
+    "negative strikes": (
+        GOOD + "checklist: { strikes: 0 }\n",
+        14,
+        "checklist.strikes",
+        "greater than 0",
+    ),
+    "probe with two kinds": (
+        GOOD.replace(
+            '      http: { url: "{{ base_url }}/models" }',
+            '      http: { url: "x" }\n      tcp: { host: a, port: 1 }',
+        ),
+        6,
+        "health.probes[0]",
+        "exactly one of",
+    ),
+    "unknown probe option": (
+        GOOD.replace('http: { url: "{{ base_url }}/models" }', 'http: { url: "x", stauts: 200 }'),
+        7,
+        "health.probes[0].http.stauts",
+        "did you mean 'status'",
+    ),
+    "steps not a list": ("loop:\n  steps: echo hi\n", 2, "loop.steps", "valid list"),
+    "verify option typo": (
+        GOOD.replace("    - verify: {}", "    - verify: { comitted: true }"),
+        13,
+        "loop.steps[2].verify.comitted",
+        "did you mean 'committed'",
+    ),
+    "exit code out of range": (
+        GOOD + "recovery: { exit_code: 300 }\n",
+        14,
+        "recovery.exit_code",
+        "less than or equal to 255",
+    ),
+    "unknown collector set": (
+        GOOD + "diagnostics:\n  collect:\n    - use: dokcer\n",
+        16,
+        "diagnostics.collect[0].use",
+        "no collector set 'dokcer'",
+    ),
+    "missing include": (
+        GOOD.replace("    - verify: {}", "    - include: nowhere.yaml"),
+        13,
+        "loop.steps[2].include",
+        "no such file",
+    ),
+    "undefined variable in a step": (
+        GOOD.replace("echo {{ item.text }}", "echo {{ modle }}"),
+        11,
+        "loop.steps[1]",
+        "undefined variable 'modle'",
+    ),
+    "undefined variable in a var": (
+        GOOD.replace("  base_url: http://127.0.0.1:9/v1", "  base_url: http://{{ hostt }}/v1"),
+        3,
+        "vars.base_url",
+        "undefined variable 'hostt'",
+    ),
+    "jinja syntax error": (
+        GOOD.replace("echo {{ item.text }}", "echo {{ item.text }"),
+        11,
+        "loop.steps[1]",
+        "",
+    ),
+    "bad hosts pattern": (GOOD + "hosts: gpu_hostz\n", 1, "", "gpu_hostz"),
+    "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_malformed_runbook(tmp_path, capsys, name):
+    text, line, path, phrase = CASES[name]
+    code, runbook = run_cli(tmp_path, text)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert f"{runbook}:{line}:" in err, err
+    if path:
+        assert f": {path}: " in err, err
+    assert phrase in err
+
+
+def test_bad_collector_set_names_its_own_file(tmp_path, capsys):
+    code, _ = run_cli(
+        tmp_path,
+        GOOD + "diagnostics:\n  collect:\n    - use: mine\n",
+        files={"collectors/mine.yaml": "collect:\n  - name: x\n    shel: echo\n"},
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{tmp_path / 'collectors' / 'mine.yaml'}:3:5: collect[0].shel" in err
+    assert "did you mean 'shell'" in err
+
+
+def test_several_errors_reported_at_once(tmp_path, capsys):
+    text = GOOD.replace("      shell: echo", "      timout: 3\n      shell: echo") + "helth: {}\n"
+    code, _ = run_cli(tmp_path, text)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "timout" in err and "helth" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["-e", "novalue"], "-e"),
+        (["-e", "@missing.yaml"], "missing.yaml"),
+        (["-e", "{not json"], "-e"),
+        (["--limit", "nohost"], "nohost"),
+        (["-i", "no-inventory.yaml"], "no-inventory.yaml"),
+    ],
+)
+def test_bad_arguments(tmp_path, capsys, args, phrase):
+    code, _ = run_cli(tmp_path, GOOD, *args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert phrase in err
+    assert "Traceback" not in err
+
+
+def test_missing_runbook_and_unknown_option_exit_2_without_traceback(tmp_path):
+    for argv in (
+        ["ralph-run", str(tmp_path / "nope.yaml"), "--check"],
+        ["ralph-run", "x", "--bogus"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "ralph_runner", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert "Traceback" not in done.stderr
+        assert done.stderr.strip()
