@@ -27,10 +27,11 @@ CONNECTION_KINDS = ("local", "ssh")
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_CONNECT_TIMEOUT = 10
 
-# Runs "$@" as the leader of a new session (so its process group can be killed), with stdin
-# from /dev/null, and kills that group once the wrapper's own stdin (the ssh channel, kept on
-# fd 3) reaches EOF. No job control (`set -m` would print job notices into the output).
-# Exits with the command's status.
+# Runs "$@" as the leader of a new session (setsid, util-linux: so its process group can be
+# killed), with stdin from /dev/null, and kills that group once the wrapper's own stdin (the ssh
+# channel, kept on fd 3) reaches EOF. Exits with the command's status. No job control: `set -m`
+# would print job notices into the output; without it, bash starts the background command with
+# SIGINT ignored, which does not matter because the watchdog sends TERM and KILL.
 _REMOTE_WRAPPER = """\
 exec 3<&0 </dev/null
 setsid "$@" 3<&- &

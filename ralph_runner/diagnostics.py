@@ -11,8 +11,15 @@ from ralph_runner import tasks
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import FatalError
 from ralph_runner.loader import TaskSpec
+from ralph_runner.plan import Plan
 
 GRACE = 3.0  # beyond a collector's timeout, for killing its process tree
+
+
+def where_for(plan: Plan) -> tasks.Where:
+    """Collectors run on the target host, each under diagnostics.timeout and max_output."""
+    config = plan.model.diagnostics
+    return tasks.Where(plan, timeout=config.timeout, max_output=config.max_output)
 
 
 def collect(

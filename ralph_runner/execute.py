@@ -27,12 +27,13 @@ import sh
 
 log = logging.getLogger(__name__)
 # sh logs every start and exit at INFO: noise in `-v` output, where our own events say more.
-logging.getLogger(sh.SH_LOGGER_NAME).setLevel(logging.WARNING)
+logging.getLogger("sh").setLevel(logging.WARNING)
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 CANNOT_START = 127  # what a shell reports for a command it cannot run
 _READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
 _POLL = 0.05  # seconds between checks of `cancel` and the deadline
+KILL_GRACE = 2.0  # seconds between TERM and KILL
 
 
 @dataclass
@@ -147,13 +148,15 @@ def run(
     def cannot_start(reason: str) -> Result:
         return Result(command, CANNOT_START, reason + "\n", 0, False, False, _since(started))
 
+    if cancel is not None and cancel.is_set():
+        return Result(command, None, "", 0, False, True, 0.0)
     if cwd is not None and not os.path.isdir(cwd):
         return cannot_start(f"cannot start {command}: no such directory: {os.fspath(cwd)}")
     search_path = (full_env or os.environ).get("PATH", os.defpath)
     program = shutil.which(argv[0], path=search_path) if argv else None
     if program is None:
-        name = argv[0] if argv else "(empty command)"
-        return cannot_start(f"cannot start {command}: {name}: command not found")
+        reason = f"{argv[0]}: command not found" if argv else "empty command"
+        return cannot_start(f"cannot start {command}: {reason}")
 
     tail = _OutputTail(max_output, on_output)
     lifeline = os.pipe() if hold_stdin and stdin is None else None
@@ -186,12 +189,12 @@ def shell(command: str, **kwargs) -> Result:
     return run(["bash", "-c", command], **kwargs)
 
 
-def kill_tree(pid: int, grace: float = 2.0) -> None:
+def kill_tree(pid: int, grace: float = KILL_GRACE) -> None:
     """Kill pid's process group and every descendant: TERM, up to `grace` s, then KILL."""
     _kill_trees([pid], grace)
 
 
-def kill_all(grace: float = 2.0) -> None:
+def kill_all(grace: float = KILL_GRACE) -> None:
     """Kill the trees of every command still running (ralph-run's SIGTERM/SIGINT path)."""
     with _registry_lock:
         victims = list(_running.values())
@@ -339,9 +342,11 @@ def _signal(groups: list[int], processes: list[psutil.Process], signum: int) -> 
             process.send_signal(signum)
 
 
-def _exit_status(command: sh.RunningCommand) -> int:
-    code = command.process.exit_code
-    return 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell says
+def _exit_status(command: sh.RunningCommand) -> int | None:
+    code = command.process.exit_code  # None only if something else reaped our child
+    if code is not None and code < 0:
+        return 128 - code  # killed by signal N -> 128+N, as a shell says
+    return code
 
 
 def _clamp(deadline: float, most: float) -> float:

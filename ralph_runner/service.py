@@ -66,12 +66,7 @@ class Service:
         self.store.save(state)
         self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
-        where = tasks.Where(
-            self.plan,
-            timeout=self.plan.model.diagnostics.timeout,
-            max_output=self.plan.model.diagnostics.max_output,
-            cwd=self.plan.workdir,
-        )
+        where = diagnostics.where_for(self.plan)
         self.emit("capture", collectors=len(self.plan.runbook.collectors))
         started = time.monotonic()
         collected = diagnostics.collect(self.plan.runbook.collectors, where, variables)

@@ -102,6 +102,14 @@ def test_command_not_found_is_127_not_an_exception():
     assert not result.ok
 
 
+def test_a_file_that_cannot_be_executed_is_127(tmp_path):
+    program = tmp_path / "not-a-program"
+    program.write_bytes(b"\x7fELF garbage")
+    program.chmod(0o755)
+    result = execute.run([str(program)])
+    assert result.exit_code == 127 and "Exec format error" in result.output
+
+
 def test_missing_cwd_is_127(tmp_path):
     result = execute.shell("true", cwd=tmp_path / "missing")
     assert result.exit_code == 127
@@ -149,6 +157,14 @@ def test_cancel_kills_within_a_short_deadline():
     assert result.cancelled and not result.timed_out and result.exit_code is None
     assert returned_at - seen_at[0] < 0.5
     assert wait_until(lambda: all(gone(pid) for pid in pids_in(result.output)), within=3)
+
+
+def test_an_already_set_cancel_starts_nothing(tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    result = execute.shell(f"touch {tmp_path}/ran", cancel=cancel)
+    assert result.cancelled and result.exit_code is None
+    assert not (tmp_path / "ran").exists()
 
 
 def test_on_output_gets_chunks_while_the_command_runs():

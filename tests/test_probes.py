@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -205,6 +208,44 @@ def test_http_probe_sends_method_and_headers(server, client):
 
     assert probe("http", params, client).ok
     assert server.requests[-1][0] == "POST"
+
+
+@pytest.fixture
+def dropping_server():
+    """Answers the first request of each connection and resets the connection when a second
+    one arrives: uvicorn closing an idle keep-alive connection just as a probe reuses it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                connections.append(conn)
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", connections
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    for conn in connections:
+        conn.close()
+    thread.join(5)
+
+
+def test_a_dropped_keep_alive_connection_is_retried_once(dropping_server, client):
+    url, connections = dropping_server
+
+    first = probe("http", {"url": url}, client)
+    second = probe("http", {"url": url}, client)
+
+    assert first.ok and second.ok, second.detail
+    assert len(connections) == 2
 
 
 # completion

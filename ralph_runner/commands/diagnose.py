@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from ralph_runner import checklist, diagnostics, plan, reports, tasks
+from ralph_runner import checklist, diagnostics, plan, reports
 from ralph_runner.service import iso_time
 
 
@@ -16,9 +16,7 @@ def main(args: argparse.Namespace) -> int:
         path = p.path(("checklist", "path"), model.checklist.path)
         counts = checklist.counts(checklist.read(path) if path.is_file() else "").as_dict()
         variables = {**p.variables, "phase": "diagnose", "checklist": counts, "deaths": 0}
-        where = tasks.Where(
-            p, timeout=model.diagnostics.timeout, max_output=model.diagnostics.max_output
-        )
+        where = diagnostics.where_for(p)
         record = {
             "event": "diagnose",
             "death": 0,

@@ -62,6 +62,23 @@ def excerpt(text: str) -> str:
     return flat if len(flat) <= EXCERPT else flat[: EXCERPT - 3] + "..."
 
 
+def request(ctx: ProbeContext, method: str, url: str, **options: Any) -> httpx.Response:
+    """One request on the shared client, within the probe's timeout.
+
+    A kept-alive connection that the server dropped (it restarted, died, or closed an idle
+    connection as uvicorn does after 5 s) fails on reuse; that gets one retry, on a fresh
+    connection, so the result says what the server does now ("refused" for a dead one).
+    """
+    started = time.monotonic()
+    try:
+        return ctx.client.request(method, url, timeout=ctx.timeout, **options)
+    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+        left = ctx.timeout - (time.monotonic() - started)
+        if left <= 0:
+            raise
+        return ctx.client.request(method, url, timeout=left, **options)
+
+
 def _request_of(exc: httpx.RequestError) -> str:
     try:
         request = exc.request

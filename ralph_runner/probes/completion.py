@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from ralph_runner.probes import ProbeContext, excerpt
+from ralph_runner.probes import ProbeContext, excerpt, request
 
 KIND = "completion"
 
@@ -22,17 +22,13 @@ class Params(BaseModel):
 
 
 def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
-    request = {
+    body = {
         "model": params.model,
         "messages": [{"role": "user", "content": params.prompt}],
         "max_tokens": params.max_tokens,
     }
-    response = ctx.client.post(
-        f"{params.url.rstrip('/')}/chat/completions",
-        json=request,
-        headers=params.headers,
-        timeout=ctx.timeout,
-    )
+    url = f"{params.url.rstrip('/')}/chat/completions"
+    response = request(ctx, "POST", url, json=body, headers=params.headers)
     if response.status_code != 200:
         return False, "status", f"HTTP {response.status_code}: {excerpt(response.text)}"
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ralph_runner.probes import ProbeContext, excerpt
+from ralph_runner.probes import ProbeContext, excerpt, request
 
 KIND = "http"
 
@@ -76,9 +76,7 @@ def json_mismatch(text: str, expected: dict[str, Any]) -> str | None:
 
 
 def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
-    response = ctx.client.request(
-        params.method, params.url, headers=params.headers, timeout=ctx.timeout
-    )
+    response = request(ctx, params.method, params.url, headers=params.headers)
     text = response.text
     if response.status_code not in statuses(params.status):
         return False, "status", f"HTTP {response.status_code}: {excerpt(text)}"

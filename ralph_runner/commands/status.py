@@ -1,0 +1,86 @@
+"""`ralph-run status [WORKDIR|RUNBOOK]`: where a loop stands, for a person or a cron job.
+
+It reads `.ralph/status.json` only, so it works while the loop runs and after it ended. A status
+that says "running" whose pid is gone means the run was killed (SIGKILL, a reboot): it is shown
+as not running, and the next `ralph-run RUNBOOK` resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ralph_runner import plan, state
+
+EXIT_NO_STATUS = 1
+
+
+def main(args: argparse.Namespace) -> int:
+    workdir = workdir_of(args.target)
+    status = state.Store(workdir).read_status()
+    if status is None:
+        print(
+            f"ralph-run: no status in {workdir / state.STATE_DIR} (never run here?)",
+            file=sys.stderr,
+        )
+        return EXIT_NO_STATUS
+    status["running"] = bool(status.get("running")) and _alive(status.get("pid"))
+    if args.json:
+        print(json.dumps(status, ensure_ascii=False, sort_keys=True))
+    else:
+        print("\n".join(human_lines(status)))
+    return 0
+
+
+def workdir_of(target: str) -> Path:
+    """A directory is the workdir; a file is a runbook whose workdir is resolved as a run does."""
+    path = Path(target)
+    if path.is_file():
+        return plan.build(path)[0].workdir
+    return path.resolve()
+
+
+def human_lines(status: dict[str, Any]) -> list[str]:
+    pid = status.get("pid")
+    if status["running"]:
+        state_text = f"running (pid {pid})"
+    elif status.get("status") == "running":
+        state_text = f"not running: pid {pid} is gone (killed?); run it again to resume"
+    else:
+        state_text = f"not running ({status.get('status', 'unknown')})"
+    item = status.get("item")
+    phase = status.get("phase")
+    lines = [
+        f"workdir:    {status.get('workdir', '?')}",
+        f"status:     {state_text}",
+        f"iterations: {status.get('iteration', 0)}",
+        f"checklist:  {status.get('done', 0)} done, {status.get('todo', 0)} todo, "
+        f"{status.get('skipped', 0)} skipped",
+        f"deaths:     {status.get('deaths', 0)}" + _last_death(status.get("last_death")),
+    ]
+    if item:
+        lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    if isinstance(status.get("updated"), int | float):
+        updated = datetime.fromtimestamp(status["updated"]).astimezone()
+        lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
+    return lines
+
+
+def _last_death(death: Any) -> str:
+    if not isinstance(death, dict):
+        return ""
+    return f" (last: {death.get('time', '?')} at {death.get('phase', '?')}: {death.get('reason')})"
+
+
+def _alive(pid: Any) -> bool:
+    """The pid still runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, TypeError, ValueError):
+        return False

@@ -1,0 +1,78 @@
+"""`--check` validates and renders the whole plan, runs nothing and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import yaml
+from standin_helpers import ROOT
+
+RALPH = [sys.executable, "-m", "ralph_runner"]
+
+
+def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
+    done = subprocess.run(
+        [*RALPH, str(ROOT / "runbooks/vllm.yaml"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    plan = yaml.safe_load(done.stdout)
+    commands = {
+        c["name"]: next(v for k, v in c.items() if k != "name")
+        for c in plan["diagnostics"]["collect"]
+    }
+    assert commands["docker container status"] == (
+        "docker ps -a --filter name=vllm-spark-head --format '{{.Status}} / {{.RunningFor}}'"
+    )
+    assert commands["container log (last lines)"] == "docker logs --tail 60 vllm-spark-head 2>&1"
+    assert plan["recovery"]["steps"][0]["shell"] == "~/gpu-scheduler/start_vllm.sh"
+    assert plan["health"]["probes"][0]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_check_runs_nothing_and_writes_nothing(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "CHECKLIST.md").write_text("- [ ] $(touch ITEM)\n")
+    runbook = tmp_path / "runbook.yaml"
+    runbook.write_text(
+        textwrap.dedent(f"""\
+        workdir: {work}
+        secrets: [token]
+        vars: {{ token: hunter2-secret, marker: {tmp_path}/RAN }}
+        prompt: "{{{{ lookup('pipe', 'touch {tmp_path}/PIPE') }}}} {{{{ item.text }}}}"
+        health:
+          probes: [{{ name: c, command: "touch {{{{ marker }}}}" }}]
+        diagnostics:
+          collect: [{{ name: c, shell: "touch {{{{ marker }}}}; echo {{{{ token }}}}" }}]
+        recovery:
+          steps: [{{ shell: "touch {{{{ marker }}}}" }}]
+        loop:
+          steps:
+            - shell: touch {{{{ marker }}}}; echo {{{{ item.text }}}}
+        """)
+    )
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    done = subprocess.run(
+        [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    (plan,) = json.loads(done.stdout)
+    assert plan["loop"]["steps"][0]["shell"].endswith("echo '$(touch ITEM)'")
+    assert "hunter2-secret" not in done.stdout and "****" in done.stdout
+
+
+def test_schema_command_prints_json_schema():
+    done = subprocess.run([*RALPH, "schema"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    schema = json.loads(done.stdout)
+    assert schema["title"] == "ralph-run runbook"
+    assert {"loop", "health", "diagnostics", "recovery"} <= set(schema["properties"])
+    assert "loop" in schema["required"]
