@@ -22,7 +22,10 @@ FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up"}
 UNWATCHED = {"ensure_alive", "verify", "wait"}
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt, so that no `except Exception`
+    (a template's error handler, a probe's) turns the signal into an ordinary failure."""
+
     def __init__(self, signum: int) -> None:
         self.exit_code = 128 + signum
         super().__init__(signal.Signals(signum).name)
@@ -162,6 +165,10 @@ class Runner:
             iteration=st.iteration,
             item=item.text,
             attempts=variables["item"]["attempts"],
+            done=variables["checklist"]["done"],
+            todo=variables["checklist"]["todo"],
+            skipped=variables["checklist"]["skipped"],
+            deaths=st.deaths,
             prompt_size=variables["prompt_size"],
         )
         where = tasks.Where(

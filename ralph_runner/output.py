@@ -68,7 +68,12 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
     ),
     "iteration": lambda f, p: (
         p("bold", f"iteration {f['iteration']}: {f['item']}")
-        + (p("dim", f"  (strikes {f['attempts']}, prompt {f['prompt_size']} chars)"))
+        + p(
+            "dim",
+            f"  (strikes {f['attempts']}, prompt {f['prompt_size']} chars; "
+            f"{f['done']} done, {f['todo']} todo, {f['skipped']} skipped, "
+            f"{f['deaths']} deaths)",
+        )
     ),
     "step": lambda f, p: f"  → {f['step']}",
     "step-done": lambda f, p: (

@@ -432,6 +432,46 @@ def test_gpu_probe_without_driver_fails_softly(client):
         assert result.detail.startswith("no NVIDIA driver (")
 
 
+def test_gpu_memory_thresholds():
+    """The verdict on NVML's memory figures (bytes); runs without a GPU."""
+    gpu = probes.KINDS["gpu"]
+    used, total = 88000 * 1024 * 1024, 98304 * 1024 * 1024
+    figures = "GPU 0: 88000 MiB used, 10304 MiB free of 98304 MiB"
+
+    assert gpu.verdict(gpu.Params(min_free_mib=8000), used, total) == (True, None, figures)
+    assert gpu.verdict(gpu.Params(min_free_mib=20000), used, total) == (
+        False,
+        "status",
+        f"{figures} (want >= 20000 MiB free)",
+    )
+    assert gpu.verdict(gpu.Params(max_used_percent=80), used, total) == (
+        False,
+        "status",
+        f"{figures} (89.5% used, want <= 80%)",
+    )
+
+
+def test_nvml_report_shows_what_the_gpu_does_not_report_as_na():
+    nvml = ACTIONS["nvml"]
+    gpus = [
+        {
+            "index": 0,
+            "name": "NVIDIA GB10",
+            "memory_used_mib": None,
+            "memory_free_mib": None,
+            "memory_total_mib": None,
+            "utilization_percent": 97,
+            "processes": [{"pid": 4242, "used_mib": None, "name": "python3"}],
+        }
+    ]
+
+    assert nvml.report(gpus, "580.95").splitlines() == [
+        "NVIDIA driver 580.95, 1 GPU(s)",
+        "GPU 0: NVIDIA GB10, n/a used, n/a free, n/a total, utilization 97%",
+        "  pid 4242: n/a python3",
+    ]
+
+
 def test_probe_params_forbid_unknown_keys():
     with pytest.raises(ValidationError, match="extra"):
         probes.KINDS["http"].Params.model_validate({"url": "http://x", "timout": 3})

@@ -11,8 +11,11 @@ Params = str | list[str]
 
 
 def _argv(params: str | list[str], ctx: TaskContext) -> list[str]:
-    words = shlex.split(params) if isinstance(params, str) else params
-    return [ctx.templar.render(str(word), ctx.variables, where=ctx.where) for word in words]
+    """A string is rendered with each `{{ }}` quoted as one shell word, then split; a list's
+    words are rendered one by one. Splitting first would cut `{{ python }}` into three words."""
+    if isinstance(params, str):
+        return shlex.split(ctx.templar.render(params, ctx.variables, shell=True, where=ctx.where))
+    return [ctx.templar.render(str(word), ctx.variables, where=ctx.where) for word in params]
 
 
 def describe(params: str | list[str], ctx: TaskContext) -> str:

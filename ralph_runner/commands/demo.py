@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from ralph_runner import execute, plan, reports, state
+from ralph_runner.errors import FatalError
 from ralph_runner.loop import Interrupted, Runner
 from ralph_runner.output import Output
 
@@ -83,9 +84,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _make_workspace(workspace: Path) -> None:
-    if workspace.exists():
-        shutil.rmtree(workspace)
-    workspace.mkdir(parents=True)
+    try:
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        workspace.mkdir(parents=True)
+    except OSError as exc:
+        raise FatalError(f"cannot make the demo workspace {workspace}: {exc}") from None
     (workspace / "PLAN.md").write_text("# Plan\n\nA tiny road game, one small file at a time.\n")
     (workspace / "CHECKLIST.md").write_text("".join(f"- [ ] {item}\n" for item in ITEMS))
     (workspace / ".gitignore").write_text(".standin/\n")
