@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_runner import connection, inventory, loader, templating
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.loader import LoadedRunbook
 
 EXPAND_PASSES = 8
@@ -66,9 +66,9 @@ def build(
     runbook = loader.load(runbook_path)
     inv = inventory.load(inventory_path)
     extra = inventory.parse_extra_vars(extra_vars or [])
-    hosts = inv.select(runbook.model.hosts)
+    hosts = inv.select(runbook.model.hosts, where=runbook.where(("hosts",)))
     if limit:
-        allowed = set(inv.select(limit))
+        allowed = set(inv.select(limit, where=Problem("", path="--limit")))
         hosts = [h for h in hosts if h in allowed]
     if not hosts:
         raise FatalError(f"no host matches hosts {runbook.model.hosts!r} with --limit {limit!r}")

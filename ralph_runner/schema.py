@@ -40,6 +40,8 @@ def _exactly_one(kinds: dict[str, Any], what: str):
     def check(cls: type, data: Any) -> Any:
         if isinstance(data, dict):
             found = [key for key in data if key in kinds]
+            if not found and any(key not in cls.model_fields for key in data):
+                return data  # an unknown key (a typo of an action?) gets its own did-you-mean
             if len(found) != 1:
                 names = ", ".join(sorted(kinds))
                 got = " and ".join(found) if found else "none"
@@ -195,11 +197,11 @@ def _known_keys() -> set[str]:
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
     for module in (*actions.KINDS.values(), *probes.KINDS.values()):
         if isinstance(module.Params, type) and issubclass(module.Params, BaseModel):
-            keys.update(module.Params.model_fields)
+            keys.update(f.alias or name for name, f in module.Params.model_fields.items())
     return keys
 
 
-def _data_path(data: Any, loc: tuple[Any, ...]) -> tuple[str | int, ...]:
+def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, ...]:
     """Follow pydantic's loc through the data, dropping union/tag names that are not keys."""
     path: list[str | int] = []
     for i, part in enumerate(loc):
@@ -209,7 +211,7 @@ def _data_path(data: Any, loc: tuple[Any, ...]) -> tuple[str | int, ...]:
         if in_dict or in_list:
             path.append(part)
             data = data[part]
-        elif last and isinstance(data, dict) and isinstance(part, str) and part.isidentifier():
+        elif last and kind == "missing" and isinstance(data, dict) and isinstance(part, str):
             path.append(part)  # a missing key: point at its parent, name the key
     return tuple(path)
 
@@ -238,7 +240,7 @@ def validate(document: Document, model: type[BaseModel]) -> Any:
         known = _known_keys()
         by_path: dict[tuple, list[str]] = {}
         for error in exc.errors():
-            path = _data_path(document.data, error["loc"])
+            path = _data_path(document.data, error["loc"], error["type"])
             messages = by_path.setdefault(path, [])
             message = _message(error, path, known)
             if message not in messages:

@@ -367,7 +367,7 @@ def test_process_pidfile_missing_or_garbage(tmp_path, client):
     (tmp_path / "bad.pid").write_text("not a pid")
     garbage = probe("process", {"pidfile": str(tmp_path / "bad.pid")}, client)
 
-    assert (missing.reason, garbage.reason) == ("refused", "refused")
+    assert (missing.reason, garbage.reason) == ("refused", "error")
     assert "missing" in missing.detail and "not a pid" in garbage.detail
 
 

@@ -136,7 +136,7 @@ CASES = {
         "loop.steps[1]",
         "",
     ),
-    "bad hosts pattern": (GOOD + "hosts: gpu_hostz\n", 1, "", "gpu_hostz"),
+    "bad hosts pattern": (GOOD + "hosts: gpu_hostz\n", 14, "hosts", "gpu_hostz"),
     "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
 }
 

@@ -91,7 +91,7 @@ def _refused(exc: BaseException) -> bool:
     """httpx wraps the socket error; look down the chain for the refusal itself."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+        if isinstance(seen, ConnectionRefusedError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -105,11 +105,9 @@ def classify(exc: Exception, timeout: float | None = None) -> tuple[str, str]:
         return "timeout", f"timed out{after} ({phase}){_request_of(exc)}"
     if isinstance(exc, TimeoutError):
         return "timeout", f"timed out{after}"
-    if isinstance(exc, httpx.ConnectError | ConnectionRefusedError) and _refused(exc):
+    if _refused(exc):
         where = _request_of(exc) if isinstance(exc, httpx.RequestError) else ""
         return "refused", f"connection refused{where}"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return "error", f"server closed the connection without an answer{_request_of(exc)}"
     if isinstance(exc, httpx.RequestError):
         return "error", f"{exc or type(exc).__name__}{_request_of(exc)}"
     return "error", f"{type(exc).__name__}: {exc}"

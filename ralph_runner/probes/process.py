@@ -2,7 +2,7 @@
 
 ralph-run itself and its ancestors never count: `ralph-run runbooks/vllm.yaml` must not pass
 for a dead vLLM just because its own command line says "vllm". No match is reason "refused"
-(nothing there to answer, the process analog of a closed port).
+(nothing there to answer, the process analog of a closed port); a garbled pidfile is "error".
 """
 
 from __future__ import annotations
@@ -73,35 +73,41 @@ def name_of(process: psutil.Process) -> str:
         return "?"
 
 
-def pid_in(pidfile: str) -> int | str:
-    """The pid a pidfile names, or why there is none."""
+class NoProcess(Exception):
+    """Why a pidfile leads to no process: (reason, detail)."""
+
+
+def pid_in(pidfile: str) -> int:
+    """The pid a pidfile names; a missing file is a stopped service, a garbled one an error."""
     path = Path(os.path.expanduser(pidfile))
     try:
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
-        return f"pidfile {pidfile} missing"
+        raise NoProcess("refused", f"pidfile {pidfile} missing") from None
     except OSError as exc:
-        return f"pidfile {pidfile} unreadable: {exc.strerror}"
-    return int(text) if text.isdigit() else f"pidfile {pidfile} holds {text[:40]!r}, not a pid"
+        raise NoProcess("error", f"pidfile {pidfile} unreadable: {exc.strerror}") from None
+    if not text.isdigit():
+        raise NoProcess("error", f"pidfile {pidfile} holds {text[:40]!r}, not a pid")
+    return int(text)
 
 
-def candidates(params: Params) -> list[psutil.Process] | str:
+def candidates(params: Params) -> list[psutil.Process]:
     if params.pidfile is None:
         excluded = ourselves()
         return [p for p in psutil.process_iter() if p.pid not in excluded]
     pid = pid_in(params.pidfile)
-    if isinstance(pid, str):
-        return pid
     try:
         return [psutil.Process(pid)]
     except psutil.NoSuchProcess:
-        return f"pid {pid} from {params.pidfile} is not running"
+        raise NoProcess("refused", f"pid {pid} from {params.pidfile} is not running") from None
 
 
 def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
-    found = candidates(params)
-    if isinstance(found, str):
-        return False, "refused", found
+    try:
+        found = candidates(params)
+    except NoProcess as missing:
+        reason, detail = missing.args
+        return False, reason, detail
     for process in found:
         if matches(process, params):
             return True, None, f"pid {process.pid} ({name_of(process)}) is running"

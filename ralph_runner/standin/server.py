@@ -331,6 +331,7 @@ class Handler(BaseHTTPRequestHandler):
     """Routes vLLM's API and the admin endpoint, applying the faults to every API request."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn: probes reuse one connection
+    disable_nagle_algorithm = True  # TCP_NODELAY, as uvicorn: no 40 ms delayed-ACK stall
     server: StandInServer
 
     def version_string(self) -> str:
