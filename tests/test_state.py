@@ -57,6 +57,7 @@ except FatalError as e:
 def spawn():
     """Start `python -c CODE ARGS...` with ralph_runner importable; kill whatever is left."""
     started: list[subprocess.Popen] = []
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
 
     def start(code: str, *args: str) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -76,7 +77,12 @@ def spawn():
         process.wait()
         process.stdin.close()
         process.stdout.close()
-    assert psutil.Process().children(recursive=True) == []
+    left = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert left == []
 
 
 def poll(condition, seconds: float = 10) -> bool:
