@@ -116,6 +116,7 @@ class _Running:
 
 
 _running: dict[int, _Running] = {}
+_on_change: Callable[[list[int]], None] | None = None
 # Re-entrant: kill_all runs from a signal handler, possibly while the same (main) thread is
 # inside run() holding this lock.
 _registry_lock = threading.RLock()
@@ -173,6 +174,7 @@ def run(
         finally:
             with _registry_lock:
                 _running.pop(running.pid, None)
+                _changed()
     finally:
         if lifeline is not None:
             os.close(lifeline[1])  # EOF on the command's stdin
@@ -187,6 +189,18 @@ def shell(command: str, **kwargs) -> Result:
     """Run a string with bash -c (the `shell` action); same keywords as run()."""
     kwargs.setdefault("display", command)
     return run(["bash", "-c", command], **kwargs)
+
+
+def on_running_change(callback: Callable[[list[int]], None] | None) -> None:
+    """Tell `callback` the pids of the running commands whenever they change, so a run killed
+    with -9 leaves a record of the process trees its successor must clear away."""
+    global _on_change
+    _on_change = callback
+
+
+def _changed() -> None:
+    if _on_change is not None:
+        _on_change(list(_running))
 
 
 def kill_tree(pid: int, grace: float = KILL_GRACE) -> None:
@@ -234,6 +248,7 @@ def _start(
         command = sh.Command(program)(*args, **options)
         running = _Running(command)
         _running[running.pid] = running
+        _changed()
     # sh reads 1 byte at a time when unbuffered. A number N would read N bytes but also hold
     # output back until N bytes piled up; line buffering would keep a newline-less stream
     # (progress bars) in memory. So: unbuffered, with sh's read size raised to _READ_SIZE.

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from ralph_runner import checklist, execute, git, reports, state, tasks
+from ralph_runner import checklist, execute, git, orphans, reports, state, tasks
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import FatalError
 from ralph_runner.health import Health, ProbeSpec
@@ -99,7 +99,7 @@ class Runner:
     def run(self) -> int:
         if not self.checklist_path.is_file():
             raise FatalError(f"checklist not found: {self.checklist_path}")
-        with self.store.lock(), _signals_raise():
+        with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
             state.exclude_from_git(
