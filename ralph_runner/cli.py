@@ -11,6 +11,7 @@ ralph-run demo [--dir DIR]                         the whole thing on a stand-in
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ralph_runner.errors import FatalError
@@ -82,4 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `ralph-run schema | head`: the reader left; leave quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
     sys.exit(code)

@@ -12,13 +12,13 @@ Adding an action kind is adding one module here: the schema and the executor fin
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from ralph_runner import plugins
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,12 +84,4 @@ class TaskContext:
     run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
 
 
-def _discover() -> dict[str, ModuleType]:
-    kinds = {}
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kinds[module.KEY] = module
-    return kinds
-
-
-KINDS: dict[str, ModuleType] = _discover()
+KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")

@@ -15,8 +15,6 @@ probes look at this machine; only the command probe runs on the host's connectio
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +22,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from ralph_runner import plugins
 
 if TYPE_CHECKING:
     from ralph_runner.connection import Connection
@@ -123,12 +123,4 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
     return ProbeResult(name, kind, ok, None if ok else reason, detail, time.monotonic() - started)
 
 
-def _discover() -> dict[str, ModuleType]:
-    kinds = {}
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kinds[module.KIND] = module
-    return kinds
-
-
-KINDS: dict[str, ModuleType] = _discover()
+KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KIND")
