@@ -239,10 +239,11 @@ def test_probe_command_exit_codes(tmp_path):
             tmp_path,
             f"""\
             workdir: {work}
+            vars: {{ port: {server.port} }}
             health:
               probes:
                 - {{ name: models, http: {{ url: "{server.url}/models" }}, timeout: 1 }}
-                - {{ name: port, tcp: {{ host: 127.0.0.1, port: {server.port} }}, timeout: 1 }}
+                - {{ name: port, tcp: {{ port: "{{{{ port }}}}" }}, timeout: 1 }}
             loop:
               steps: [{{ shell: "true" }}]
             """,

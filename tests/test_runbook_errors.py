@@ -137,6 +137,18 @@ CASES = {
         "",
     ),
     "bad hosts pattern": (GOOD + "hosts: gpu_hostz\n", 14, "hosts", "gpu_hostz"),
+    "probe port neither a number nor a template": (
+        GOOD.replace('http: { url: "{{ base_url }}/models" }', "tcp: { port: eighty }"),
+        7,
+        "health.probes[0].tcp.port",
+        "valid integer",
+    ),
+    "bad regular expression": (
+        GOOD.replace('http: { url: "{{ base_url }}/models" }', 'process: { cmdline: "vllm[" }'),
+        7,
+        "health.probes[0].process.cmdline",
+        "not a regular expression",
+    ),
     "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
 }
 

@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, field_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.fields import Regex
 
 KEY = "processes"
 MIB = 1024 * 1024
@@ -28,17 +29,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     top: NonNegativeInt = 10
-    match: str | None = None  # a regular expression searched in the joined command line
-
-    @field_validator("match")
-    @classmethod
-    def _compiles(cls, pattern: str | None) -> str | None:
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"match is not a regular expression: {exc}") from None
-        return pattern
+    match: Regex | None = None  # searched in the joined command line
 
 
 def _rendered(params: Params, ctx: TaskContext) -> Params:

@@ -6,8 +6,11 @@ A GPU that fell off the bus, or memory still held by a dead server, shows up her
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from ralph_runner.fields import templated
 from ralph_runner.probes import ProbeContext
 
 KIND = "gpu"
@@ -17,9 +20,9 @@ MIB = 1024 * 1024
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    index: NonNegativeInt = 0
-    min_free_mib: NonNegativeInt | None = None
-    max_used_percent: float | None = Field(None, ge=0, le=100)  # of the GPU's memory
+    index: templated(NonNegativeInt) = 0
+    min_free_mib: templated(NonNegativeInt) | None = None
+    max_used_percent: templated(Annotated[float, Field(ge=0, le=100)]) | None = None  # of memory
 
 
 def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, str]:

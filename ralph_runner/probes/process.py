@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 
 import psutil
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from ralph_runner.fields import Regex
 from ralph_runner.probes import ProbeContext
 
 KIND = "process"
@@ -24,17 +25,7 @@ class Params(BaseModel):
 
     pidfile: str | None = None
     name: str | None = None  # exact process name, as `ps -o comm` shows it
-    cmdline: str | None = None  # a regular expression searched in the joined command line
-
-    @field_validator("cmdline")
-    @classmethod
-    def _compiles(cls, pattern: str | None) -> str | None:
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"cmdline is not a regular expression: {exc}") from None
-        return pattern
+    cmdline: Regex | None = None  # searched in the joined command line
 
     @model_validator(mode="after")
     def _something(self) -> Params:

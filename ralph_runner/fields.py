@@ -1,0 +1,28 @@
+"""Field types shared by the parameter models of actions and probes."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, StringConstraints
+
+# A value known only at run time, e.g. `port: "{{ port }}"`: accepted when the runbook is
+# loaded, then rendered and validated as the real type before the probe or action runs.
+TemplateText = Annotated[str, StringConstraints(pattern=r"\{\{.*\}\}")]
+
+
+def templated(kind: Any) -> Any:
+    """`kind`, or a template that renders to one."""
+    return kind | TemplateText
+
+
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return pattern
+
+
+Regex = Annotated[str, AfterValidator(_compiles)]
