@@ -309,24 +309,29 @@ class Runner:
         }
 
     def _save(self) -> None:
-        self.store.save(self.state)
+        """Persist state and status; a full disk is reported, and the loop goes on."""
+        try:
+            self.store.save(self.state)
+            self.store.write_status(self._status())
+        except FatalError as exc:
+            self.output.event("warning", message=f"state not saved: {exc}")
+
+    def _status(self) -> dict[str, Any]:
         counts = checklist.counts(checklist.read(self.checklist_path))
         st = self.state
-        self.store.write_status(
-            {
-                "status": st.status,
-                "pid": st.pid,
-                "running": st.status == "running",
-                "iteration": st.iteration,
-                "item": st.current_item,
-                "phase": st.phase,
-                **counts.as_dict(),
-                "deaths": st.deaths,
-                "last_death": st.last_death,
-                "updated": time.time(),
-                "workdir": str(self.plan.workdir),
-            }
-        )
+        return {
+            "status": st.status,
+            "pid": st.pid,
+            "running": st.status == "running",
+            "iteration": st.iteration,
+            "item": st.current_item,
+            "phase": st.phase,
+            **counts.as_dict(),
+            "deaths": st.deaths,
+            "last_death": st.last_death,
+            "updated": time.time(),
+            "workdir": str(self.plan.workdir),
+        }
 
     def _summary(self, text: str, stopped: bool = False) -> None:
         counts = checklist.counts(text)

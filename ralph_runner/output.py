@@ -104,6 +104,7 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         if f["recovered"]
         else p("red", f"  ❌ not recovered: {f['reason']}")
     ),
+    "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
     "done": lambda f, p: p("green", f"  done: {f['item']}"),
     "retry": lambda f, p: p(
         "yellow", "  service died during this attempt: retrying the item, no strike"

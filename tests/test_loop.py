@@ -45,6 +45,7 @@ case "$item" in
   tick-only*) tick ;;
   commit-only*) echo "$item" >> work.txt; git add work.txt; git commit -qm "work: $item" ;;
   dirty*) tick; commit; echo junk > junk.txt ;;
+  jam-state*) rm -f .ralph/state.json; mkdir .ralph/state.json; tick; commit ;;  # as a full disk
   hang-once*) if [ "$attempt" = 1 ]; then hang; else tick; commit; fi ;;
   hang*) hang ;;
   die-once*) if [ "$attempt" = 1 ]; then rm -f "$ALIVE"; exit 1; fi; tick; commit ;;
@@ -264,6 +265,15 @@ def test_an_agent_that_never_commits_is_skipped_after_its_strikes(loop):
     assert [(e["item"], e["strikes"]) for e in of_kind(all_events, "skip")] == [("lazy item", 3)]
     (summary,) = of_kind(all_events, "summary")
     assert (summary["iterations"], summary["done"], summary["skipped"]) == (4, 1, 1)
+
+
+def test_a_state_file_that_cannot_be_written_is_reported_and_the_loop_goes_on(loop):
+    loop.setup(["jam-state now", "ok after", "ok last"])
+    done = loop.run()
+    assert done.returncode == 0, done.stderr
+    warnings = of_kind(events(done.stdout), "warning")
+    assert warnings and "state not saved" in warnings[0]["message"]
+    assert loop.checklist().count("- [x] ") == 3
 
 
 def test_max_iterations_with_items_left_exits_5_and_the_human_view_is_plain(loop):
