@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ralph_runner import checklist, execute, git, orphans, reports, state, tasks
@@ -59,25 +60,21 @@ def death_log_for(plan: Plan) -> reports.DeathLog:
     config = plan.model.diagnostics
     log = plan.path(("diagnostics", "log"), config.log)
     records = config.records and plan.path(("diagnostics", "records"), config.records)
+    where = plan.runbook.where(("diagnostics", "template"))
     if config.template == "default":
         template = reports.default_template()
     else:
-        template_path = plan.runbook.directory / config.template
         try:
-            template = template_path.read_text(encoding="utf-8")
+            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
         except OSError as exc:
-            where = plan.runbook.where(("diagnostics", "template"))
-            raise FatalError(
-                where.__class__(
-                    f"cannot read template: {exc}", where.file, where.line, where.column, where.path
-                )
-            ) from None
+            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
     return reports.DeathLog(
         log,
         reports.records_path(log, records),
         template=template,
         templar=plan.templar,
         redactor=reports.Redactor(plan.secret_values()),
+        where=where,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from ralph_runner import loop, plan
 from ralph_runner.errors import FatalError
@@ -14,13 +15,8 @@ def main(args: argparse.Namespace) -> int:
     healthy = True
     for p in plans:
         if not p.runbook.probes:
-            raise FatalError(
-                p.runbook.where(("health",)).__class__(
-                    "the runbook declares no health probes",
-                    str(p.runbook.path),
-                    path="health.probes",
-                )
-            )
+            where = p.runbook.where(("health", "probes"))
+            raise FatalError(replace(where, message="the runbook declares no health probes"))
         health = loop.health_for(p)
         try:
             results = health.round(None)
