@@ -508,7 +508,8 @@ def rss(bench: Bench) -> list[Row]:
     row.met = peak <= at(100) + RSS_FLAT
     row.notes.append(
         f"RSS at iteration 1: {at(1):.1f} MiB, 100: {at(100):.1f}, 500: {at(500):.1f}, "
-        f"end: {end:.1f}, peak: {peak:.1f} ({len(samples)} samples, every {RSS_EVERY:g} s, "
+        f"900: {at(900):.1f}, end: {end:.1f}, peak: {peak:.1f} "
+        f"({len(samples)} samples, every {RSS_EVERY:g} s, "
         f"{seconds:.0f} s run, same runbook and agent as the loop row)."
     )
     return [row]

@@ -104,7 +104,7 @@ class Runner:
             )
             health = health_for(self.plan)
             self.service = Service(
-                self.plan, health, death_log, self.state, self.store, self.stop, self.output.event
+                self.plan, health, death_log, self.state, self._save, self.stop, self.output.event
             )
             self.health = health
             try:

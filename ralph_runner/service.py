@@ -14,7 +14,7 @@ from ralph_runner.health import Health
 from ralph_runner.plan import Plan
 from ralph_runner.probes import ProbeResult
 from ralph_runner.reports import DeathLog
-from ralph_runner.state import State, Store
+from ralph_runner.state import State
 
 
 class GaveUp(FatalError):
@@ -30,23 +30,21 @@ class Service:
         health: Health,
         death_log: DeathLog,
         state: State,
-        store: Store,
+        save: Callable[[], None],
         stop: threading.Event,
         emit: Callable[..., None],
     ) -> None:
         self.plan, self.health, self.death_log = plan, health, death_log
-        self.state, self.store, self.stop, self.emit = state, store, stop, emit
+        self.state, self.save, self.stop, self.emit = state, save, stop, emit
         self.config = plan.model.recovery
 
-    def ensure_alive(self, phase: str, facts: dict[str, Any], iteration: int | None) -> bool:
-        """True when healthy (at once) or recovered; raises GaveUp when it cannot be."""
+    def ensure_alive(self, phase: str, facts: dict[str, Any], iteration: int | None) -> None:
+        """Returns when healthy (at once) or recovered; raises GaveUp when it cannot be."""
         if not self.plan.runbook.probes:
-            return True
+            return
         alive, rounds = self.health.check(iteration, cancel=self.stop)
-        if alive:
-            return True
-        self.died(phase, rounds, facts)
-        return True
+        if not alive:
+            self.died(phase, rounds, facts)
 
     def died(self, phase: str, rounds: list[list[ProbeResult]], facts: dict[str, Any]) -> None:
         """Record the death with every diagnostic, then recover or give up."""
@@ -63,7 +61,7 @@ class Service:
             "item": (facts.get("item") or {}).get("text"),
             "reason": failing and f"{failing.name}: {failing.reason} ({failing.detail})",
         }
-        self.store.save(state)
+        self.save()
         self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
         where = diagnostics.where_for(self.plan)
@@ -86,7 +84,7 @@ class Service:
         }
         self.death_log.write_death(record)
         self.emit("report", death=number, log=str(self.death_log.log_path))
-        outcome = self._recover_or_reason(now, where, variables)
+        outcome = self._recover_or_reason(now, variables)
         self.death_log.write_recovery(
             {
                 "event": "recovery",
@@ -112,7 +110,7 @@ class Service:
                 f"service not recovered: {outcome.reason}", exit_code=self.config.exit_code
             )
 
-    def _recover_or_reason(self, now: float, where: tasks.Where, variables: dict):
+    def _recover_or_reason(self, now: float, variables: dict) -> recovery.Outcome:
         window = self.config.crash_loop
         recent = [t for t in self.state.death_times if now - t <= window.within]
         if len(recent) > window.deaths:
@@ -121,7 +119,7 @@ class Service:
                 f"(crash_loop allows {window.deaths}); a person should look"
             )
             return recovery.Outcome(False, 0, 0.0, reason)
-        where = tasks.Where(self.plan, cwd=self.plan.workdir)
+        where = tasks.Where(self.plan)  # recovery steps run on the target host
 
         def on_step(attempt, spec):
             self.emit("recovery-step", attempt=attempt, step=spec.name)

@@ -44,7 +44,7 @@ def context(spec: TaskSpec, where: Where, variables: dict[str, Any], cancel=None
         variables=scope,
         templar=plan.templar,
         connection=conn,
-        cwd=where.cwd or plan.workdir,
+        cwd=(where.cwd or plan.workdir) if conn.name == "local" else None,  # remote: its home
         env=env,
         timeout=task.timeout or where.timeout,
         max_output=where.max_output,
