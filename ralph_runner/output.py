@@ -31,9 +31,12 @@ class Output:
         self.colour = not json_lines and self.stream.isatty()
         self._lock = threading.Lock()
         self._started = time.monotonic()
+        self._ticker: _Ticker | None = None
 
     def event(self, kind: str, **fields: Any) -> None:
         fields = self.redactor.data(fields)
+        if self.colour and kind in ("step", "step-done"):
+            self._tick(fields["step"] if kind == "step" else None)
         with self._lock:
             if self.json_lines:
                 line = json.dumps(
@@ -48,10 +51,45 @@ class Output:
                 line = render(fields, self._paint)
                 elapsed = time.monotonic() - self._started
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
+                if self.colour:
+                    line = "\r\033[K" + line  # over the ticker's line, if one is drawn
             print(line, file=self.stream, flush=True)
+
+    def _tick(self, step: str | None) -> None:
+        """On a terminal, a live line under the log: the running step and its elapsed time."""
+        if self._ticker is not None:
+            self._ticker.stop()
+            self._ticker = None
+        if step is not None:
+            self._ticker = _Ticker(self.stream, self._lock, self._paint("cyan", f"  … {step}"))
 
     def _paint(self, colour: str, text: str) -> str:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
+
+
+class _Ticker:
+    """Redraws one status line every second until stopped, then erases it."""
+
+    def __init__(self, stream: IO[str], lock: threading.Lock, label: str) -> None:
+        self.stream, self.lock, self.label = stream, lock, label
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ticker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(1.0):
+            with self.lock:
+                seconds = time.monotonic() - self.started
+                self.stream.write(f"\r\033[K{self.label} {_clock(seconds)}")
+                self.stream.flush()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        with self.lock:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
 
 
 def _clock(seconds: float) -> str:
