@@ -6,7 +6,7 @@ Both the loop and `--check` start from a Plan, so what `--check` shows is what a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +80,17 @@ def _plan(
 ) -> Plan:
     """Workdir first (it may use variables), then the variables as seen from the workdir."""
     cwd = Path.cwd()
-    base = _resolve(runbook, inv, host, extra, templating.Templar(cwd, cwd=cwd, check=check))
+    here = templating.Templar(cwd, cwd=cwd, check=check)
+    base = _resolve(runbook, inv, host, extra, here)
     where = runbook.where(("workdir",))
-    workdir = cwd / os.path.expanduser(
-        templating.Templar(cwd, check=check).render(runbook.model.workdir, base, where=where)
-    )
-    workdir = workdir.resolve()
-    templar = templating.Templar(workdir, cwd=workdir, check=check)
+    workdir = cwd / os.path.expanduser(here.render(runbook.model.workdir, base, where=where))
+    templar = templating.Templar(workdir.resolve(), cwd=workdir.resolve(), check=check)
     variables = _resolve(runbook, inv, host, extra, templar)
-    return Plan(runbook, inv, host, variables, workdir, templar, extra)
+    for i, name in enumerate(runbook.model.secrets):
+        if name not in variables:  # a typo here would leak the secret it meant to hide
+            message = f"secrets names {name!r}, which is no variable of host {host!r}"
+            raise FatalError(replace(runbook.where(("secrets", i)), message=message))
+    return Plan(runbook, inv, host, variables, workdir.resolve(), templar, extra)
 
 
 def _resolve(

@@ -149,6 +149,12 @@ CASES = {
         "health.probes[0].process.cmdline",
         "not a regular expression",
     ),
+    "secret that names no variable": (
+        GOOD + "secrets: [base_url, api_kee]\n",
+        14,
+        "secrets[1]",
+        "api_kee",
+    ),
     "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
 }
 
