@@ -155,6 +155,27 @@ def test_a_failed_start_is_retried_and_the_second_attempt_recovers(scenario: Sce
     scenario.assert_nothing_left()
 
 
+def test_an_engine_dead_503_with_the_process_alive_is_a_death(scenario: Scenario) -> None:
+    scenario.prepare(ITEMS, agent_sleep="0.3")
+    run = scenario.start()
+
+    run.wait_agent(1)
+    old_pid = scenario.standin.pid
+    scenario.standin.trigger(dead_503=True)  # the process lives on and holds its port
+
+    assert run.wait() == 0, run.stderr
+    (death,) = scenario.records("death")
+    assert [(p["reason"], p["detail"].startswith("HTTP 503")) for p in death["probes"]] == [
+        ("status", True)
+    ]
+    (recovery,) = scenario.records("recovery")
+    assert recovery["recovered"] is True
+    assert process_gone(old_pid) and scenario.standin.pid != old_pid  # the start script replaced it
+    assert scenario.marks() == ["x"] * len(ITEMS)
+    assert_no_strikes(scenario, run)
+    scenario.assert_nothing_left()
+
+
 def test_a_hang_during_the_agent_step_is_caught_by_the_watch(scenario: Scenario) -> None:
     step_timeout = 30
     scenario.prepare(
