@@ -286,5 +286,29 @@ def test_diagnose_captures_now_without_recovery(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "--- last 5 commits ---" in done.stdout and " init" in done.stdout
     assert "hello from localhost" in done.stdout
+    assert "diagnostics taken at" in done.stdout and "down detected" not in done.stdout
     assert not marker.exists()
     assert not (work / "logs").exists()
+
+
+def test_vllm_collector_keeps_only_the_gauges_of_metrics(tmp_path):
+    work = workspace(tmp_path)
+    with StandIn(tmp_path / "vllm") as server:
+        server.start()
+        runbook = write_runbook(
+            tmp_path,
+            f"""\
+            workdir: {work}
+            vars: {{ base_url: "{server.url}" }}
+            diagnostics: {{ collect: [{{ use: vllm }}] }}
+            loop: {{ steps: [{{ shell: "true" }}] }}
+            """,
+        )
+        done = subprocess.run(
+            [*RALPH, "diagnose", str(runbook), "--json"], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    (metrics,) = json.loads(done.stdout)["collectors"]
+    names = [line.split("{")[0] for line in metrics["output"].splitlines()]
+    assert metrics["ok"] and "vllm:kv_cache_usage_perc" in names
+    assert all(name.startswith("vllm:") for name in names) and "# HELP" not in metrics["output"]

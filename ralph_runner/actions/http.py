@@ -1,13 +1,15 @@
-"""`http: {url, method, status, body, headers}`: an HTTP request, like Ansible's `uri`.
+"""`http: {url, method, status, body, headers, lines}`: an HTTP request, like Ansible's `uri`.
 
 Registers `status` (-1 when nothing answered, as `uri` does), `json` (the parsed body, or None)
-and `content` (the body's last `max_output` bytes). The task's `timeout` bounds each phase of the
-request (connect, then read), 30 s when it has none.
+and `content` (the body's last `max_output` bytes). `lines: REGEX` keeps only the body's lines
+that match, e.g. the KV-cache gauges of vLLM's /metrics, which is otherwise mostly histograms.
+The task's `timeout` bounds each phase of the request (connect, then read), 30 s when it has none.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import time
 from typing import Any
 
@@ -15,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.fields import Regex, templated
 from ralph_runner.probes import classify
 
 KEY = "http"
@@ -26,9 +29,10 @@ class Params(BaseModel):
 
     url: str
     method: str = "GET"
-    status: int | list[int] = 200
+    status: templated(int) | list[int] = 200
     body: str | dict[str, Any] | list[Any] | None = None  # a dict or list is sent as JSON
     headers: dict[str, str] = {}
+    lines: Regex | None = None  # keep only the lines of the body that match
 
     @field_validator("method")
     @classmethod
@@ -90,7 +94,11 @@ def run(params: Params, ctx: TaskContext) -> TaskResult:
         parsed = response.json()
     except ValueError:
         parsed = None
-    content, cut = last_bytes(response.text, ctx.max_output)
+    text = response.text
+    if request.lines is not None:
+        pattern = re.compile(request.lines)
+        text = "".join(line for line in text.splitlines(True) if pattern.search(line))
+    content, cut = last_bytes(text, ctx.max_output)
     wanted = request.status if isinstance(request.status, list) else [request.status]
     return TaskResult(
         ok=response.status_code in wanted,
