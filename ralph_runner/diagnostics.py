@@ -16,14 +16,14 @@ from ralph_runner.plan import Plan
 GRACE = 3.0  # beyond a collector's timeout, for killing its process tree
 
 
-def where_for(plan: Plan) -> tasks.Where:
+def group_for(plan: Plan) -> tasks.TaskGroup:
     """Collectors run on the target host, each under diagnostics.timeout and max_output."""
     config = plan.model.diagnostics
-    return tasks.Where(plan, timeout=config.timeout, max_output=config.max_output)
+    return tasks.TaskGroup(plan, timeout=config.timeout, max_output=config.max_output)
 
 
 def collect(
-    specs: list[TaskSpec], where: tasks.Where, variables: dict[str, Any]
+    specs: list[TaskSpec], group: tasks.TaskGroup, variables: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """One entry per collector (DESIGN §8's keys), in the runbook's order."""
     if not specs:
@@ -31,10 +31,10 @@ def collect(
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="collector")
     started = time.monotonic()
-    futures = [pool.submit(_one, spec, where, dict(variables), cancel) for spec in specs]
+    futures = [pool.submit(_one, spec, group, dict(variables), cancel) for spec in specs]
     entries = []
     for spec, future in zip(specs, futures, strict=True):
-        limit = (spec.task.timeout or where.timeout or 15.0) + GRACE
+        limit = (spec.task.timeout or group.timeout or 15.0) + GRACE
         remaining = max(0.0, started + limit - time.monotonic())
         try:
             result = future.result(timeout=remaining)
@@ -46,9 +46,9 @@ def collect(
     return entries
 
 
-def _one(spec: TaskSpec, where: tasks.Where, variables: dict, cancel) -> TaskResult:
+def _one(spec: TaskSpec, group: tasks.TaskGroup, variables: dict, cancel) -> TaskResult:
     try:
-        return tasks.run(spec, where, variables, cancel)
+        return tasks.run(spec, group, variables, cancel)
     except FatalError as exc:  # e.g. an undefined variable: recorded, never fatal here
         return TaskResult(ok=False, output=str(exc))
     except Exception as exc:

@@ -168,14 +168,14 @@ class Runner:
             deaths=st.deaths,
             prompt_size=variables["prompt_size"],
         )
-        where = tasks.Where(
+        group = tasks.TaskGroup(
             self.plan, connection=self.plan.controller(), cwd=self.plan.workdir, run=self
         )
         failure = None
         for spec in self.plan.runbook.loop_steps:
             if failure and spec.kind != "ensure_alive":
                 continue  # after a failure only health checks run: a death must still be seen
-            result = self._step(spec, where, variables)
+            result = self._step(spec, group, variables)
             if not result.ok and not spec.task.ignore_errors and not failure:
                 failure = f"{spec.name}: {_why(result)}"
         if failure and st.deaths == deaths_before and self.plan.runbook.probes:
@@ -185,7 +185,7 @@ class Runner:
             self._ensure_alive("after-failure")
         self._settle(item, failure, died=st.deaths > deaths_before)
 
-    def _step(self, spec, where: tasks.Where, variables: dict) -> TaskResult:
+    def _step(self, spec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
         self.state.phase = spec.name
         self._save()
         self.output.event("step", step=spec.name, action=spec.kind)
@@ -194,7 +194,7 @@ class Runner:
         if spec.kind in UNWATCHED:
             watch_every = 0
         with Watch(self.health, watch_every, self.state.iteration) as watch:
-            result = tasks.run(spec, where, variables, watch.cancel)
+            result = tasks.run(spec, group, variables, watch.cancel)
         self.output.event(
             "step-done",
             step=spec.name,

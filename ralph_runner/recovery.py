@@ -25,7 +25,7 @@ class Outcome:
 def recover(
     config: Recovery,
     specs: list[TaskSpec],
-    where: tasks.Where,
+    group: tasks.TaskGroup,
     variables: dict[str, Any],
     health: Health,
     stop: threading.Event,
@@ -40,7 +40,7 @@ def recover(
         for spec in specs:
             if on_step:
                 on_step(attempt, spec)
-            result = tasks.run(spec, where, variables, stop)
+            result = tasks.run(spec, group, variables, stop)
             steps.append(_step(attempt, spec, result))
             if not result.ok and not spec.task.ignore_errors:
                 failed = f"step {spec.name!r} failed ({_why(result)})"

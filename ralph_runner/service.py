@@ -64,10 +64,10 @@ class Service:
         self.save()
         self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
-        where = diagnostics.where_for(self.plan)
+        group = diagnostics.group_for(self.plan)
         self.emit("capture", collectors=len(self.plan.runbook.collectors))
         started = time.monotonic()
-        collected = diagnostics.collect(self.plan.runbook.collectors, where, variables)
+        collected = diagnostics.collect(self.plan.runbook.collectors, group, variables)
         record = {
             "event": "death",
             "death": number,
@@ -119,7 +119,7 @@ class Service:
                 f"(crash_loop allows {window.deaths}); a person should look"
             )
             return recovery.Outcome(False, 0, 0.0, reason)
-        where = tasks.Where(self.plan)  # recovery steps run on the target host
+        group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
 
         def on_step(attempt, spec):
             self.emit("recovery-step", attempt=attempt, step=spec.name)
@@ -127,7 +127,7 @@ class Service:
         return recovery.recover(
             self.config,
             self.plan.runbook.recovery_steps,
-            where,
+            group,
             variables,
             self.health,
             self.stop,

@@ -18,7 +18,7 @@ DEFAULT_RETRIES_WITH_UNTIL = 3  # Ansible's default when `until` is given
 
 
 @dataclass
-class Where:
+class TaskGroup:
     """Where and how a group of tasks runs (loop steps, collectors, recovery steps)."""
 
     plan: Plan
@@ -29,9 +29,11 @@ class Where:
     run: Any = None  # the loop runtime, for ensure_alive and verify
 
 
-def context(spec: TaskSpec, where: Where, variables: dict[str, Any], cancel=None) -> TaskContext:
+def context(
+    spec: TaskSpec, group: TaskGroup, variables: dict[str, Any], cancel=None
+) -> TaskContext:
     """The TaskContext of `spec`: its vars merged, env rendered, connection chosen."""
-    task, plan = spec.task, where.plan
+    task, plan = spec.task, group.plan
     scope = {**variables, **spec.vars}
     scope.update(plan.templar.render_data(task.vars, scope, where=spec.where))
     env = {k: plan.templar.render(str(v), scope, where=spec.where) for k, v in task.env.items()}
@@ -39,46 +41,46 @@ def context(spec: TaskSpec, where: Where, variables: dict[str, Any], cancel=None
     if delegate:
         conn = plan.connection_for(delegate)
     else:
-        conn = where.connection or plan.connection_for(None)
+        conn = group.connection or plan.connection_for(None)
     return TaskContext(
         variables=scope,
         templar=plan.templar,
         connection=conn,
-        cwd=(where.cwd or plan.workdir) if conn.name == "local" else None,  # remote: its home
+        cwd=(group.cwd or plan.workdir) if conn.name == "local" else None,  # remote: its home
         env=env,
-        timeout=task.timeout or where.timeout,
-        max_output=where.max_output,
+        timeout=task.timeout or group.timeout,
+        max_output=group.max_output,
         where=spec.where,
         cancel=cancel,
-        run=where.run,
+        run=group.run,
     )
 
 
-def describe(spec: TaskSpec, where: Where, variables: dict[str, Any]) -> str:
+def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> str:
     """The task rendered for --check: never runs anything."""
-    ctx = context(spec, where, variables)
+    ctx = context(spec, group, variables)
     return actions.KINDS[spec.kind].describe(getattr(spec.task, spec.kind), ctx)
 
 
-def should_run(spec: TaskSpec, where: Where, variables: dict[str, Any]) -> bool:
+def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> bool:
     when = spec.task.when
     if when is None:
         return True
     scope = {**variables, **spec.vars}
-    return bool(where.plan.templar.evaluate(when, scope, where=spec.where))
+    return bool(group.plan.templar.evaluate(when, scope, where=spec.where))
 
 
 def run(
     spec: TaskSpec,
-    where: Where,
+    group: TaskGroup,
     variables: dict[str, Any],
     cancel: threading.Event | None = None,
 ) -> TaskResult:
     """Run the task (its retries included); registers its result into `variables`."""
     task = spec.task
-    if not should_run(spec, where, variables):
+    if not should_run(spec, group, variables):
         return TaskResult(ok=True, data={"skipped": True})
-    ctx = context(spec, where, variables, cancel)
+    ctx = context(spec, group, variables, cancel)
     module = actions.KINDS[spec.kind]
     retries = (
         task.retries

@@ -61,9 +61,9 @@ def test_hung_collector_never_holds_the_others(tmp_path):
         """,
     )
     (p,) = plan.build(runbook)
-    where = diagnostics.where_for(p)
+    group = diagnostics.group_for(p)
     started = time.monotonic()
-    entries = diagnostics.collect(p.runbook.collectors, where, dict(p.variables))
+    entries = diagnostics.collect(p.runbook.collectors, group, dict(p.variables))
     seconds = time.monotonic() - started
     by_name = {e["name"]: e for e in entries}
     assert by_name["hangs"]["timed_out"] and not by_name["hangs"]["ok"]
@@ -106,7 +106,7 @@ def test_huge_collector_output_is_capped_without_memory_growing(tmp_path):
     sampler = threading.Thread(target=sample)
     sampler.start()
     (entry,) = diagnostics.collect(
-        p.runbook.collectors, diagnostics.where_for(p), dict(p.variables)
+        p.runbook.collectors, diagnostics.group_for(p), dict(p.variables)
     )
     done.set()
     sampler.join()

@@ -37,14 +37,14 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     variables = _iteration_vars(p)
     problems: list[FatalError] = []
 
-    def each(specs, where: tasks.Where) -> list[dict[str, Any]]:
+    def each(specs, group: tasks.TaskGroup) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             try:
                 out.append(
                     {
                         "name": spec.name,
-                        spec.kind: tasks.describe(spec, where, variables),
+                        spec.kind: tasks.describe(spec, group, variables),
                         **({"when": spec.task.when} if spec.task.when is not None else {}),
                         **({"timeout": spec.task.timeout} if spec.task.timeout else {}),
                     }
@@ -53,8 +53,8 @@ def _render(p: plan.Plan) -> dict[str, Any]:
                 problems.append(exc)
         return out
 
-    controller = tasks.Where(p, connection=p.controller(), cwd=p.workdir)
-    target = tasks.Where(p, timeout=model.diagnostics.timeout)
+    controller = tasks.TaskGroup(p, connection=p.controller(), cwd=p.workdir)
+    target = tasks.TaskGroup(p, timeout=model.diagnostics.timeout)
     try:
         probes = [
             {"name": s.name, s.kind: _dump(s.params), "timeout": s.timeout, "every": s.every}

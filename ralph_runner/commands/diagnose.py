@@ -16,7 +16,7 @@ def main(args: argparse.Namespace) -> int:
         path = p.path(("checklist", "path"), model.checklist.path)
         counts = checklist.counts(checklist.read(path) if path.is_file() else "").as_dict()
         variables = {**p.variables, "phase": "diagnose", "checklist": counts, "deaths": 0}
-        where = diagnostics.where_for(p)
+        group = diagnostics.group_for(p)
         record = {
             "event": "diagnose",
             "death": 0,
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
             "prompt_size": None,
             "checklist": counts,
             "probes": [],
-            "collectors": diagnostics.collect(p.runbook.collectors, where, variables),
+            "collectors": diagnostics.collect(p.runbook.collectors, group, variables),
         }
         redactor = reports.Redactor(p.secret_values())
         if args.json:
