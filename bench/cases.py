@@ -290,7 +290,7 @@ def diagnostics_wall(bench: Bench) -> list[Row]:
         (selected,) = plan.build(RUNBOOKS / "loop.yaml", None, None, [runbook_vars(bench.server)])
     specs = selected.runbook.collectors
     timeout = selected.model.diagnostics.timeout
-    where = tasks.Where(selected, timeout=timeout, cwd=selected.workdir)
+    where = tasks.TaskGroup(selected, timeout=timeout, cwd=selected.workdir)
     log = work / "logs" / "vllm-deaths.log"
     log.parent.mkdir()
     block = f"source {SEED_LOOP}; capture_diagnostics 7 'item 13' 1234 >> {log}"

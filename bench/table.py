@@ -42,8 +42,9 @@ class Row:
         if self.unit == "MiB":
             return f"{bound}{ratio:.2f}"
         if ratio < 1:
-            return f"{bound}{ratio:.3g} ({1 / ratio:.3g}x faster)"
-        return f"{ratio:.3g} ({ratio:.3g}x slower)"
+            at_least = "≥ " if bound else ""
+            return f"{bound}{ratio:.2g} ({at_least}{factor(1 / ratio)} faster)"
+        return f"{ratio:.2f} ({factor(ratio)} slower)"
 
     def cell(self, peer: str) -> str:
         value = self.median(peer)
@@ -58,8 +59,13 @@ class Row:
         )
         met = {True: "yes", False: "**no**", None: "—"}[self.met]
         cells = [self.case, *(self.cell(p) for p in PEERS)]
-        cells += [self.ratio("seed"), self.ratio("ansible"), runs, self.target, met]
+        cells += [self.ratio("seed"), self.ratio("ansible"), runs, self.target or "—", met]
         return "| " + " | ".join(cells) + " |"
+
+
+def factor(times: float) -> str:
+    """2.7x, 12x, 1440x: as many digits as a reader needs."""
+    return f"{times:.2g}x" if times < 10 else f"{times:.0f}x"
 
 
 def duration(seconds: float) -> str:
