@@ -21,8 +21,16 @@ def head(workdir: Path) -> str | None:
     return result.output.strip() if result.ok else None
 
 
-def is_clean(workdir: Path) -> bool:
-    return _git(workdir, "status", "--porcelain") == ""
+def head_and_clean(workdir: Path) -> tuple[str | None, bool]:
+    """HEAD and whether the work tree is clean, from one `git status` (one process, not two)."""
+    head, clean = None, True
+    for line in _git(workdir, "status", "--porcelain=v2", "--branch").splitlines():
+        if line.startswith("# branch.oid "):
+            oid = line.split()[2]
+            head = None if oid == "(initial)" else oid
+        elif not line.startswith("#"):
+            clean = False
+    return head, clean
 
 
 def commit_paths(workdir: Path, message: str, *paths: Path) -> None:

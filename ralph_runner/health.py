@@ -1,17 +1,20 @@
 """Is the service alive? Rounds of probes, and the confirmation that keeps a slow answer from
 counting as a death.
 
-A round runs its probes concurrently, each on its own daemon thread, and waits for each at most
-its timeout plus GRACE: httpx's timeouts are per phase (connect, then read), and an NVML call on a
-GPU that fell off the bus never returns, so the round enforces the limit itself. A check that
-outlives its round keeps its thread; until that thread ends, the probe fails at once as "still
-hung" instead of starting another. So a round lasts at most its longest timeout + GRACE, and a
-death is confirmed within `failures_before_dead` x timeout + (`failures_before_dead` - 1) x
-`interval` (plus GRACE per round).
+A round runs its probes concurrently, each on a long-lived daemon worker of its own: a new
+thread per check would cost the healthy path more than its HTTP request, and a daemon (unlike
+a ThreadPoolExecutor's workers) never holds up ralph-run's exit behind a hung check. A round
+waits for each probe at most its timeout plus GRACE: httpx's timeouts are per phase (connect,
+then read), and an NVML call on a GPU that fell off the bus never returns, so the round
+enforces the limit itself. A check that outlives its round keeps its worker; until it ends,
+the probe fails at once as "still hung" instead of queueing another. So a round lasts at most
+its longest timeout + GRACE, and a death is confirmed within `failures_before_dead` x timeout
++ (`failures_before_dead` - 1) x `interval` (plus GRACE per round).
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -67,6 +70,7 @@ class Health:
         self._lock = threading.Lock()
         self._last_run: dict[int, int] = {}  # probe index -> iteration it last ran in
         self._hung: dict[int, Future[ProbeResult]] = {}  # checks that outlived their round
+        self._workers = [_Worker(f"probe {spec.name}") for spec in self.probes]
 
     def round(self, iteration: int | None = None) -> list[ProbeResult]:
         """One round of the probes due at `iteration` (all of them when it is None)."""
@@ -115,6 +119,8 @@ class Health:
                 return False, results
 
     def close(self) -> None:
+        for worker in self._workers:
+            worker.stop()
         if self._owns_client:
             self.client.close()
 
@@ -150,12 +156,7 @@ class Health:
             future.set_result(ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0))
             return future
         ctx = ProbeContext(self.client, self.connection, timeout)
-
-        def probe() -> None:
-            future.set_result(run_probe(spec.name, spec.kind, spec.params, ctx))
-
-        threading.Thread(target=probe, name=f"probe {spec.name}", daemon=True).start()
-        return future
+        return self._workers[index].submit(spec, ctx)
 
     def _outcome(
         self, index: int, timeout: float, deadline: float, future: Future[ProbeResult]
@@ -168,6 +169,27 @@ class Health:
             spec = self.probes[index]
             detail = f"no answer within {timeout:g}s (the check is still running)"
             return ProbeResult(spec.name, spec.kind, False, "timeout", detail, timeout)
+
+
+class _Worker:
+    """One daemon thread that runs one probe's checks, one after the other."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def submit(self, spec: ProbeSpec, ctx: ProbeContext) -> Future[ProbeResult]:
+        future: Future[ProbeResult] = Future()
+        self._jobs.put((future, spec, ctx))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, spec, ctx = job
+            future.set_result(run_probe(spec.name, spec.kind, spec.params, ctx))  # never raises
 
 
 def _pause(seconds: float, cancel: threading.Event | None) -> bool:

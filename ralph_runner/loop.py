@@ -187,7 +187,7 @@ class Runner:
 
     def _step(self, spec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
         self.state.phase = spec.name
-        self._save()
+        self._save(status_only=True)  # the phase is for people watching; the state has not moved
         self.output.event("step", step=spec.name, action=spec.kind)
         started = time.monotonic()
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
@@ -262,9 +262,10 @@ class Runner:
             if found is None or found.mark != "x":
                 problems.append("item not ticked")
         if params.committed:
-            if git.head(self.plan.workdir) == self.head_before:
+            head, clean = git.head_and_clean(self.plan.workdir)
+            if head == self.head_before:
                 problems.append("no new commit")
-            elif not git.is_clean(self.plan.workdir):
+            elif not clean:
                 problems.append("uncommitted changes")
         return TaskResult(ok=not problems, output="; ".join(problems) or "verified")
 
@@ -305,10 +306,11 @@ class Runner:
             "variables": {**variables, "checklist": counts.as_dict()},
         }
 
-    def _save(self) -> None:
+    def _save(self, status_only: bool = False) -> None:
         """Persist state and status; a full disk is reported, and the loop goes on."""
         try:
-            self.store.save(self.state)
+            if not status_only:
+                self.store.save(self.state)
             self.store.write_status(self._status())
         except FatalError as exc:
             self.output.event("warning", message=f"state not saved: {exc}")

@@ -28,9 +28,10 @@ STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted")
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` so that readers and crashes see the old or the new bytes only;
-    FatalError naming the file when it cannot be written (no space, no permission).
+    FatalError naming the file when it cannot be written (no space, no permission). `durable`
+    also fsyncs, so that the new bytes survive a power loss, not only a crash of ralph-run.
 
     The temp file's name is fixed per target (`.NAME.ralph-tmp`), so a crash leaves at most one
     behind, the next write reuses it, and `exclude_from_git` keeps it out of `git status`.
@@ -47,11 +48,13 @@ def write_atomic(path: Path, data: bytes) -> None:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(temp, target)
-            _fsync_dir(target.parent)
+            if durable:
+                _fsync_dir(target.parent)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -146,8 +149,9 @@ class Store:
         self._write_json(self.state_path, state.to_dict())
 
     def write_status(self, status: dict[str, Any]) -> None:
-        """A snapshot that a cron job or a person can read without parsing logs."""
-        self._write_json(self.status_path, status)
+        """A snapshot that a cron job or a person can read without parsing logs. Only a view of
+        the state: replaced atomically, not fsynced (it is rewritten at every step)."""
+        self._write_json(self.status_path, status, durable=False)
 
     def read_status(self) -> dict[str, Any] | None:
         data = self._read_json(self.status_path)
@@ -203,13 +207,13 @@ class Store:
                 Problem(f"{e.msg}; {self._reset_hint(path)}", str(path), e.lineno, e.colno)
             ) from None
 
-    def _write_json(self, path: Path, data: dict[str, Any]) -> None:
+    def _write_json(self, path: Path, data: dict[str, Any], durable: bool = True) -> None:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
         text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
-        write_atomic(path, text.encode("utf-8"))
+        write_atomic(path, text.encode("utf-8"), durable=durable)
 
     def _corrupt(self, path: Path, why: str) -> FatalError:
         return FatalError(Problem(f"{why}; {self._reset_hint(path)}", str(path)))
