@@ -9,7 +9,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ralph_runner import checklist, execute, git, orphans, reports, state, tasks
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from ralph_runner import checklist, execute, git, orphans, probes, reports, state, tasks
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import FatalError
 from ralph_runner.health import Health, ProbeSpec
@@ -36,13 +38,19 @@ def probe_specs(plan: Plan) -> list[ProbeSpec]:
     """The runbook's probes rendered with the plan's variables and validated again."""
     specs = []
     for raw in plan.runbook.probes:
+        module = probes.KINDS[raw.kind]
         params = getattr(raw.probe, raw.kind)
-        module_params = type(params) if params is not None else None
-        data = params.model_dump() if hasattr(params, "model_dump") else params
-        rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
-        if module_params is not None and hasattr(module_params, "model_validate"):
-            rendered = module_params.model_validate(rendered)
-        specs.append(ProbeSpec(raw.name, raw.kind, rendered, raw.probe.timeout, raw.probe.every))
+        if getattr(module, "SHELL", False):
+            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
+        else:
+            data = params.model_dump() if isinstance(params, BaseModel) else params
+            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
+        try:
+            params = TypeAdapter(module.Params).validate_python(rendered)
+        except ValidationError as exc:  # e.g. `port: "{{ port }}"` rendered to a word
+            errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise FatalError(replace(raw.where, message=f"once rendered: {errors}")) from None
+        specs.append(ProbeSpec(raw.name, raw.kind, params, raw.probe.timeout, raw.probe.every))
     return specs
 
 

@@ -312,3 +312,29 @@ def test_vllm_collector_keeps_only_the_gauges_of_metrics(tmp_path):
     names = [line.split("{")[0] for line in metrics["output"].splitlines()]
     assert metrics["ok"] and "vllm:kv_cache_usage_perc" in names
     assert all(name.startswith("vllm:") for name in names) and "# HELP" not in metrics["output"]
+
+
+def test_command_probe_quotes_its_values_like_a_shell_task(tmp_path):
+    work = workspace(tmp_path)
+    odd = work / "a b; touch PWNED"
+    odd.touch()
+    runbook = write_runbook(
+        tmp_path,
+        f"""\
+        workdir: {work}
+        vars: {{ path: "{odd}" }}
+        health:
+          probes: [{{ name: file, command: "test -e {{{{ path }}}}" }}]
+        loop: {{ steps: [{{ shell: "true" }}] }}
+        """,
+    )
+    done = subprocess.run(
+        [*RALPH, "probe", str(runbook)], capture_output=True, text=True, timeout=60, cwd=work
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (work / "PWNED").exists()
+    odd.unlink()
+    gone = subprocess.run(
+        [*RALPH, "probe", str(runbook)], capture_output=True, text=True, timeout=60, cwd=work
+    )
+    assert gone.returncode == 1 and "exit 1" in gone.stdout

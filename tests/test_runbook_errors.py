@@ -149,6 +149,12 @@ CASES = {
         "health.probes[0].process.cmdline",
         "not a regular expression",
     ),
+    "templated port that renders to a word": (
+        GOOD.replace('http: { url: "{{ base_url }}/models" }', 'tcp: { port: "{{ base_url }}" }'),
+        6,
+        "health.probes[0]",
+        "once rendered: port",
+    ),
     "secret that names no variable": (
         GOOD + "secrets: [base_url, api_kee]\n",
         14,

@@ -1,4 +1,7 @@
-"""`command: STRING`: a shell check run on the host's connection; healthy on exit 0 in time."""
+"""`command: STRING`: a shell check run on the host's connection; healthy on exit 0 in time.
+
+Like a `shell` task, each {{ value }} in the string becomes one shell word (SHELL below).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from ralph_runner.probes import ProbeContext, excerpt
 
 KIND = "command"
 Params = str
+SHELL = True  # rendered in shell mode: values are quoted
 MAX_OUTPUT = 4096  # a probe's output only explains a failure: its last lines are enough
 
 
