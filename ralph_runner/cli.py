@@ -1,12 +1,4 @@
-"""Arguments, subcommands and exit codes: the only place that calls sys.exit.
-
-ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
-ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
-ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
-ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
-ralph-run schema                                   the runbook language as JSON Schema
-ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
-"""
+"""Arguments, subcommands and exit codes: the only place that calls sys.exit."""
 
 from __future__ import annotations
 
@@ -15,6 +7,22 @@ import os
 import sys
 
 from ralph_runner.errors import FatalError
+
+DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
+EPILOG = """\
+commands:
+  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
+  ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
+  ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
+  ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
+  ralph-run schema                                   the runbook language as JSON Schema
+  ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
+
+exit codes:
+  0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
+  4 service not recovered (recovery.exit_code)   5 max_iterations reached with items left
+  130/143 interrupted (state saved)
+"""
 
 COMMANDS = ("probe", "diagnose", "status", "deaths", "schema", "demo")
 
@@ -39,8 +47,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     if command is None:
         parser = argparse.ArgumentParser(
             prog="ralph-run",
-            description=__doc__.split("\n\n")[0],
-            epilog="commands: " + ", ".join(COMMANDS),
+            description=DESCRIPTION,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _plan_options(parser)
         parser.add_argument(
