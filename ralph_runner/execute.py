@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 logging.getLogger("sh").setLevel(logging.WARNING)
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
-_CLOCK_TICK = 0.05  # slack for /proc's start times, counted in clock ticks
 CANNOT_START = 127  # what a shell reports for a command it cannot run
 _READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
 _POLL = 0.05  # seconds between checks of `cancel` and the deadline
@@ -246,15 +245,16 @@ def _start(
         options["_env"] = env
     with open(os.devnull, "rb") as devnull, _registry_lock:
         options["_in"] = stdin if stdin is not None else lifeline[0] if lifeline else devnull
-        spawned_after = time.time()
         try:
             command = sh.Command(program)(*args, **options)
             running = _Running(command)
             _running[running.pid] = running
+        except (sh.ForkException, OSError):
+            raise  # it did not start: run() reports it
         except BaseException:
             # SIGTERM's handler raises in the main thread, possibly mid-spawn: kill_all could
             # not see this child yet, so it must not outlive us unregistered.
-            _kill_unregistered_children(spawned_after)
+            _kill_unregistered_children()
             raise
         _changed()
     # sh reads 1 byte at a time when unbuffered. A number N would read N bytes but also hold
@@ -292,12 +292,12 @@ def _wait(
     return None
 
 
-def _kill_unregistered_children(since: float) -> None:
-    """Kill the trees of our children started since `since` that the registry does not know."""
+def _kill_unregistered_children() -> None:
+    """Kill the trees of our children that the registry does not know: every process we start
+    is registered as soon as it exists, so an unknown child was caught mid-spawn."""
     for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            if child.pid not in _running and child.create_time() >= since - _CLOCK_TICK:
-                kill_tree(child.pid)
+        if child.pid not in _running:
+            kill_tree(child.pid)
 
 
 def _kill_trees(pids: Iterable[int], grace: float) -> None:

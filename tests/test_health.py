@@ -111,7 +111,11 @@ def test_dead_server_is_dead_after_exactly_n_rounds(standin, make_health, failur
     seconds = time.monotonic() - started
 
     assert not alive
-    assert [[r.reason for r in one] for one in rounds] == [["refused"]] * failures_before_dead
+    reasons = [[r.reason for r in one] for one in rounds]
+    assert len(reasons) == failures_before_dead
+    # A connection caught in the server's last moments may be reset ("error"); once it is
+    # gone, the port refuses.
+    assert reasons[-1] == ["refused"] and all(one in (["refused"], ["error"]) for one in reasons)
     interval_total = (failures_before_dead - 1) * 0.1
     assert interval_total <= seconds < interval_total + MARGIN, rounds
 
