@@ -103,7 +103,8 @@ class Runner:
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
         if not self.checklist_path.is_file():
-            raise FatalError(f"checklist not found: {self.checklist_path}")
+            where = self.plan.runbook.where(("checklist", "path"))
+            raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
         with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
