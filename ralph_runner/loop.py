@@ -99,6 +99,7 @@ class Runner:
         self.started = time.monotonic()
         self.iteration_vars: dict[str, Any] = {}
         self.head_before: str | None = None
+        self._partial_line = ""
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -178,7 +179,11 @@ class Runner:
             prompt_size=variables["prompt_size"],
         )
         group = tasks.TaskGroup(
-            self.plan, connection=self.plan.controller(), cwd=self.plan.workdir, run=self
+            self.plan,
+            connection=self.plan.controller(),
+            cwd=self.plan.workdir,
+            run=self,
+            on_output=self._show_output if self.output.verbose else None,
         )
         failure = None
         for spec in self.plan.runbook.loop_steps:
@@ -204,6 +209,7 @@ class Runner:
             watch_every = 0
         with Watch(self.health, watch_every, self.state.iteration) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
+        self._flush_output()
         self.output.event(
             "step-done",
             step=spec.name,
@@ -251,6 +257,17 @@ class Runner:
             )
         self.state.strikes.pop(item.text, None)
         self.output.event("skip", item=item.text, strikes=strikes)
+
+    def _show_output(self, text: str) -> None:
+        """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks)."""
+        *lines, self._partial_line = (self._partial_line + text).split("\n")
+        for line in lines:
+            self.output.event("output", step=self.state.phase, text=line)
+
+    def _flush_output(self) -> None:
+        if self._partial_line:
+            self.output.event("output", step=self.state.phase, text=self._partial_line)
+            self._partial_line = ""
 
     # -- what the runbook's actions call ---------------------------------------
     def ensure_alive(self, phase: str, context: dict[str, Any]) -> TaskResult:

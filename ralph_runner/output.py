@@ -142,6 +142,7 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         if f["recovered"]
         else p("red", f"  ❌ not recovered: {f['reason']}")
     ),
+    "output": lambda f, p: p("dim", "    │ ") + f["text"],
     "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
     "done": lambda f, p: p("green", f"  done: {f['item']}"),
     "retry": lambda f, p: p(

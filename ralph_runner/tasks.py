@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ class TaskGroup:
     timeout: float | None = None  # default when the task gives none
     max_output: int = DEFAULT_MAX_OUTPUT
     run: Any = None  # the loop runtime, for ensure_alive and verify
+    on_output: Callable[[str], None] | None = None  # live output of the tasks' commands
 
 
 def context(
@@ -53,6 +55,7 @@ def context(
         where=spec.where,
         cancel=cancel,
         run=group.run,
+        on_output=group.on_output,
     )
 
 

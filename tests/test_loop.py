@@ -470,3 +470,24 @@ def test_status_reads_a_workdir_or_a_runbook(loop):
         1,
         0,
     )
+
+
+def test_verbose_shows_the_steps_output_line_by_line_with_secrets_masked(tmp_path):
+    (tmp_path / "CHECKLIST.md").write_text("- [ ] one\n")
+    runbook = tmp_path / "runbook.yaml"
+    runbook.write_text(
+        "vars: { token: hunter2-token }\n"
+        "secrets: [token]\n"
+        "loop:\n"
+        "  steps:\n"
+        "    - name: agent\n"
+        "      shell: echo using {{ token }} and sk-abcdefghijklmnopqrstu; printf 'no newline';"
+        " sed -i 's/- \\[ \\]/- [x]/' CHECKLIST.md\n"
+    )
+    done = subprocess.run(
+        [*RALPH, str(runbook), "-v"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    shown = [line.split("│ ", 1)[1] for line in done.stdout.splitlines() if "│ " in line]
+    assert shown == ["using **** and ****", "no newline"]
+    assert "hunter2" not in done.stdout

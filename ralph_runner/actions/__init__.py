@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ralph_runner import plugins
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ralph_runner.connection import Connection
     from ralph_runner.errors import Problem
@@ -82,6 +82,7 @@ class TaskContext:
     where: Problem
     cancel: threading.Event | None = None
     run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
+    on_output: Callable[[str], None] | None = None  # live output, for `ralph-run -v`
 
 
 KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")

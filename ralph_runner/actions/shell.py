@@ -20,5 +20,6 @@ def run(params: str, ctx: TaskContext) -> TaskResult:
         timeout=ctx.timeout,
         max_output=ctx.max_output,
         cancel=ctx.cancel,
+        on_output=ctx.on_output,
     )
     return TaskResult.from_process(result)
