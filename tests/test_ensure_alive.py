@@ -21,6 +21,11 @@ from ralph_runner import diagnostics, plan
 RALPH = [sys.executable, "-m", "ralph_runner"]
 
 
+def ralph(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`ralph-run ARGS` as a user runs it."""
+    return subprocess.run([*RALPH, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
 def workspace(tmp_path: Path, items: int = 3) -> Path:
     work = tmp_path / "work"
     work.mkdir()
@@ -248,15 +253,11 @@ def test_probe_command_exit_codes(tmp_path):
               steps: [{{ shell: "true" }}]
             """,
         )
-        healthy = subprocess.run(
-            [*RALPH, "probe", str(runbook)], capture_output=True, text=True, timeout=60
-        )
+        healthy = ralph("probe", str(runbook))
         assert healthy.returncode == 0, healthy.stderr
         assert "models" in healthy.stdout and "port" in healthy.stdout
         server.trigger(dead_503=True)
-        sick = subprocess.run(
-            [*RALPH, "probe", str(runbook), "--json"], capture_output=True, text=True, timeout=60
-        )
+        sick = ralph("probe", str(runbook), "--json")
         assert sick.returncode == 1
         results = {r["name"]: r for r in map(json.loads, sick.stdout.splitlines())}
         assert results["models"]["reason"] == "status" and results["port"]["ok"]
@@ -280,9 +281,7 @@ def test_diagnose_captures_now_without_recovery(tmp_path):
           steps: [{{ shell: "true" }}]
         """,
     )
-    done = subprocess.run(
-        [*RALPH, "diagnose", str(runbook)], capture_output=True, text=True, timeout=60
-    )
+    done = ralph("diagnose", str(runbook))
     assert done.returncode == 0, done.stderr
     assert "--- last 5 commits ---" in done.stdout and " init" in done.stdout
     assert "hello from localhost" in done.stdout
@@ -304,9 +303,7 @@ def test_vllm_collector_keeps_only_the_gauges_of_metrics(tmp_path):
             loop: {{ steps: [{{ shell: "true" }}] }}
             """,
         )
-        done = subprocess.run(
-            [*RALPH, "diagnose", str(runbook), "--json"], capture_output=True, text=True, timeout=60
-        )
+        done = ralph("diagnose", str(runbook), "--json")
     assert done.returncode == 0, done.stderr
     (metrics,) = json.loads(done.stdout)["collectors"]
     names = [line.split("{")[0] for line in metrics["output"].splitlines()]
@@ -328,13 +325,9 @@ def test_command_probe_quotes_its_values_like_a_shell_task(tmp_path):
         loop: {{ steps: [{{ shell: "true" }}] }}
         """,
     )
-    done = subprocess.run(
-        [*RALPH, "probe", str(runbook)], capture_output=True, text=True, timeout=60, cwd=work
-    )
+    done = ralph("probe", str(runbook), cwd=work)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (work / "PWNED").exists()
     odd.unlink()
-    gone = subprocess.run(
-        [*RALPH, "probe", str(runbook)], capture_output=True, text=True, timeout=60, cwd=work
-    )
+    gone = ralph("probe", str(runbook), cwd=work)
     assert gone.returncode == 1 and "exit 1" in gone.stdout

@@ -84,5 +84,16 @@ class TaskContext:
     run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
     on_output: Callable[[str], None] | None = None  # live output, for `ralph-run -v`
 
+    def process_options(self) -> dict[str, Any]:
+        """The keywords of Connection.shell / .argv for this task."""
+        return {
+            "cwd": self.cwd,
+            "env": self.env,
+            "timeout": self.timeout,
+            "max_output": self.max_output,
+            "cancel": self.cancel,
+            "on_output": self.on_output,
+        }
+
 
 KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")

@@ -13,13 +13,5 @@ def describe(params: str, ctx: TaskContext) -> str:
 
 
 def run(params: str, ctx: TaskContext) -> TaskResult:
-    result = ctx.connection.shell(
-        describe(params, ctx),
-        cwd=ctx.cwd,
-        env=ctx.env,
-        timeout=ctx.timeout,
-        max_output=ctx.max_output,
-        cancel=ctx.cancel,
-        on_output=ctx.on_output,
-    )
+    result = ctx.connection.shell(describe(params, ctx), **ctx.process_options())
     return TaskResult.from_process(result)
