@@ -173,8 +173,8 @@ def run(
             stopped = _wait(running, started, timeout, cancel)
         finally:
             with _registry_lock:
-                _running.pop(running.pid, None)
-                _changed()
+                _running.pop(running.pid, None)  # no _changed(): a dead pid in the record is
+                # harmless (its start time no longer matches), and it saves a write per command
     finally:
         if lifeline is not None:
             os.close(lifeline[1])  # EOF on the command's stdin
@@ -192,7 +192,7 @@ def shell(command: str, **kwargs) -> Result:
 
 
 def on_running_change(callback: Callable[[list[int]], None] | None) -> None:
-    """Tell `callback` the pids of the running commands whenever they change, so a run killed
+    """Tell `callback` the pids of the running commands whenever one starts, so a run killed
     with -9 leaves a record of the process trees its successor must clear away."""
     global _on_change
     _on_change = callback
