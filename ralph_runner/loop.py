@@ -248,13 +248,12 @@ class Runner:
 
     def _skip(self, item: checklist.Item, strikes: int) -> None:
         text = checklist.read(self.checklist_path)
-        current = checklist.find(text, item.text)
+        current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
         if current is not None:
             checklist.write(self.checklist_path, checklist.mark(text, current, "!"))
-        if git.is_repo(self.plan.workdir):
-            git.commit_paths(
-                self.plan.workdir, f"skip: {item.text} ({strikes} failures)", self.checklist_path
-            )
+            if git.is_repo(self.plan.workdir):
+                message = f"skip: {item.text} ({strikes} failures)"
+                git.commit_paths(self.plan.workdir, message, self.checklist_path)
         self.state.strikes.pop(item.text, None)
         self.output.event("skip", item=item.text, strikes=strikes)
 

@@ -45,6 +45,7 @@ case "$item" in
   tick-only*) tick ;;
   commit-only*) echo "$item" >> work.txt; git add work.txt; git commit -qm "work: $item" ;;
   dirty*) tick; commit; echo junk > junk.txt ;;
+  rewrite*) sed -i 's/^- \[ \] rewrite me$/- [ ] rewritten by the agent/' CHECKLIST.md; exit 1 ;;
   jam-state*) rm -f .ralph/state.json; mkdir .ralph/state.json; tick; commit ;;  # as a full disk
   hang-once*) if [ "$attempt" = 1 ]; then hang; else tick; commit; fi ;;
   hang*) hang ;;
@@ -274,6 +275,18 @@ def test_a_state_file_that_cannot_be_written_is_reported_and_the_loop_goes_on(lo
     warnings = of_kind(events(done.stdout), "warning")
     assert warnings and "state not saved" in warnings[0]["message"]
     assert loop.checklist().count("- [x] ") == 3
+
+
+def test_an_item_whose_line_the_agent_rewrote_is_struck_without_a_skip_commit(loop):
+    loop.setup(["rewrite me", "ok after"], checklist={"path": "CHECKLIST.md", "strikes": 1})
+    done = loop.run()
+    assert done.returncode == 0, done.stderr  # not a crash on "nothing to commit"
+    skipped = [e["item"] for e in of_kind(events(done.stdout), "skip")]
+    assert skipped == ["rewrite me", "rewritten by the agent"]  # the new line is a new item
+    subjects = git(loop.work, "log", "--format=%s").splitlines()
+    assert "skip: rewrite me (1 failures)" not in subjects  # its line is gone: nothing to mark
+    assert "skip: rewritten by the agent (1 failures)" in subjects
+    assert "- [!] rewritten by the agent" in loop.checklist()
 
 
 def test_max_iterations_with_items_left_exits_5_and_the_human_view_is_plain(loop):
