@@ -31,7 +31,7 @@ from ralph_runner.yamlfile import Document
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 def _exactly_one(kinds: dict[str, Any], what: str):
