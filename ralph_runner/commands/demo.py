@@ -23,7 +23,7 @@ from ralph_runner.loop import Interrupted, Runner
 from ralph_runner.output import Output
 
 PACKAGE = Path(__file__).resolve().parents[1]
-RUNBOOK = PACKAGE.parent / "runbooks" / "demo.yaml"
+RUNBOOK = PACKAGE / "runbooks" / "demo.yaml"  # runbooks/ is linked into the package
 START_SCRIPT = PACKAGE / "standin" / "start_server.sh"
 ITEMS = [
     "README: say what the game is",
