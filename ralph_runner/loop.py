@@ -106,6 +106,13 @@ class Runner:
         if not self.checklist_path.is_file():
             where = self.plan.runbook.where(("checklist", "path"))
             raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
+        for spec in self.plan.runbook.loop_steps:
+            wants_commit = spec.kind == "verify" and (
+                spec.task.verify is None or spec.task.verify.committed
+            )
+            if wants_commit and not git.is_repo(self.plan.workdir):
+                message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
+                raise FatalError(replace(spec.where, message=message))
         with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
