@@ -234,11 +234,13 @@ def test_missing_runbook_and_unknown_option_exit_2_without_traceback(tmp_path):
 
 def test_verify_committed_outside_a_git_repository_is_refused_before_the_loop(tmp_path, capsys):
     runbook = tmp_path / "runbook.yaml"
-    runbook.write_text("loop:\n  steps:\n    - shell: touch RAN\n    - verify: {}\n")
+    runbook.write_text(
+        f"workdir: {tmp_path}\nloop:\n  steps:\n    - shell: touch RAN\n    - verify: {{}}\n"
+    )
     (tmp_path / "CHECKLIST.md").write_text("- [ ] one\n")
     with pytest.raises(SystemExit) as exit_info:
         cli.main([str(runbook)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert f"{runbook}:4:7: loop.steps[1]: verify needs a commit" in err
+    assert f"{runbook}:5:7: loop.steps[1]: verify needs a commit" in err
     assert not (tmp_path / "RAN").exists()
