@@ -131,6 +131,9 @@ class Runner:
             except GaveUp:
                 self.state.status = "gave-up"
                 raise
+            except FatalError:  # e.g. a template error in a step: fix the runbook, run again
+                self.state.status = "failed"
+                raise
             except Interrupted:
                 self.stop.set()
                 execute.kill_all()

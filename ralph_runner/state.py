@@ -23,7 +23,7 @@ from ralph_runner.errors import FatalError, Problem
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
 EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
-STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted")
+STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted", "failed")
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 

@@ -504,3 +504,25 @@ def test_verbose_shows_the_steps_output_line_by_line_with_secrets_masked(tmp_pat
     shown = [line.split("│ ", 1)[1] for line in done.stdout.splitlines() if "│ " in line]
     assert shown == ["using **** and ****", "no newline"]
     assert "hunter2" not in done.stdout
+
+
+def test_a_runbook_error_mid_run_is_saved_as_failed_and_the_next_run_resumes(loop):
+    loop.setup(["ok one", "ok two"])
+    data = yaml.safe_load(loop.runbook.read_text())
+    data["loop"]["steps"].insert(
+        1, {"name": "typo", "shell": "echo {{ item.txt }}", "when": "item.index > 0"}
+    )
+    loop.runbook.write_text(yaml.safe_dump(data, sort_keys=False))
+    done = loop.run()
+    assert done.returncode == 2, done.stderr
+    assert "'txt'" in done.stderr and "loop.steps[1]" in done.stderr
+    assert loop.state()["status"] == "failed" and loop.state()["iteration"] == 2
+    status = loop.command("status", str(loop.work))
+    assert "not running (failed)" in status.stdout
+
+    data["loop"]["steps"].pop(1)
+    loop.runbook.write_text(yaml.safe_dump(data, sort_keys=False))
+    resumed = loop.run()
+    assert resumed.returncode == 0, resumed.stderr
+    (resume,) = of_kind(events(resumed.stdout), "resume")
+    assert resume["iteration"] == 2 and loop.checklist().count("- [x]") == 2
