@@ -103,16 +103,7 @@ class Runner:
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
-        if not self.checklist_path.is_file():
-            where = self.plan.runbook.where(("checklist", "path"))
-            raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
-        for spec in self.plan.runbook.loop_steps:
-            wants_commit = spec.kind == "verify" and (
-                spec.task.verify is None or spec.task.verify.committed
-            )
-            if wants_commit and not git.is_repo(self.plan.workdir):
-                message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
-                raise FatalError(replace(spec.where, message=message))
+        self._preflight()
         with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
@@ -143,6 +134,20 @@ class Runner:
                 health.close()
                 self.state.phase = None
                 self._save()
+
+    def _preflight(self) -> None:
+        """What would only fail at the first iteration fails now, at its line in the runbook."""
+        if not self.checklist_path.is_file():
+            where = self.plan.runbook.where(("checklist", "path"))
+            raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
+        committing = [
+            spec
+            for spec in self.plan.runbook.loop_steps
+            if spec.kind == "verify" and (spec.task.verify is None or spec.task.verify.committed)
+        ]
+        if committing and not git.is_repo(self.plan.workdir):
+            message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
+            raise FatalError(replace(committing[0].where, message=message))
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
