@@ -331,3 +331,26 @@ def test_command_probe_quotes_its_values_like_a_shell_task(tmp_path):
     odd.unlink()
     gone = ralph("probe", str(runbook), cwd=work)
     assert gone.returncode == 1 and "exit 1" in gone.stdout
+
+
+def test_a_runbooks_own_report_template_is_used(tmp_path):
+    work = workspace(tmp_path)
+    (tmp_path / "short.j2").write_text(
+        "{{ service }} {{ phase }}:{% for c in collectors %} {{ c.name }}={{ c.output | trim }}"
+        "{% endfor %}\n"
+    )
+    runbook = write_runbook(
+        tmp_path,
+        f"""\
+        workdir: {work}
+        vars: {{ service_name: vLLM, token: s3cr3t-value }}
+        secrets: [token]
+        diagnostics:
+          template: short.j2
+          collect: [{{ name: hello, shell: "echo hi {{{{ token }}}}" }}]
+        loop: {{ steps: [{{ shell: "true" }}] }}
+        """,
+    )
+    done = ralph("diagnose", str(runbook))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "vLLM diagnose: hello=hi ****"

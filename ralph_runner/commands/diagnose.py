@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from ralph_runner import checklist, diagnostics, plan, reports
+from ralph_runner import checklist, diagnostics, loop, plan, reports
 from ralph_runner.service import iso_time
 
 
@@ -32,9 +32,9 @@ def main(args: argparse.Namespace) -> int:
             "probes": [],
             "collectors": diagnostics.collect(p.runbook.collectors, group, variables),
         }
-        redactor = reports.Redactor(p.secret_values())
+        log = loop.death_log_for(p)  # the runbook's own template and secrets; nothing written
         if args.json:
-            print(json.dumps(redactor.data(record), ensure_ascii=False))
+            print(json.dumps(log.redactor.data(record), ensure_ascii=False))
         else:
-            print(reports.render(record, reports.default_template(), p.templar, redactor))
+            print(reports.render(record, log.template, p.templar, log.redactor, log.where))
     return 0
