@@ -143,7 +143,6 @@ class Health:
 
     def _launch(self, index: int, timeout: float, iteration: int | None) -> Future[ProbeResult]:
         spec = self.probes[index]
-        future: Future[ProbeResult] = Future()
         with self._lock:
             if iteration is not None:
                 self._last_run[index] = iteration
@@ -153,6 +152,7 @@ class Health:
                 hung = None
         if hung is not None:
             detail = "still hung from an earlier round"
+            future: Future[ProbeResult] = Future()
             future.set_result(ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0))
             return future
         ctx = ProbeContext(self.client, self.connection, timeout)
