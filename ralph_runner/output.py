@@ -32,9 +32,17 @@ class Output:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._ticker: _Ticker | None = None
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Also hand every event (kind, masked fields) to `listener`: the iteration history,
+        the metrics textfile and notifications follow the loop this way, not by hooks in it.
+        A listener that raises is reported once as a warning and dropped; the loop goes on."""
+        self._listeners.append(listener)
 
     def event(self, kind: str, **fields: Any) -> None:
         fields = self.redactor.data(fields)
+        self._notify(kind, fields)
         if self.colour and kind in ("step", "step-done"):
             self._tick(fields["step"] if kind == "step" else None)
         with self._lock:
@@ -54,6 +62,14 @@ class Output:
                 if self.colour:
                     line = "\r\033[K" + line  # over the ticker's line, if one is drawn
             print(line, file=self.stream, flush=True)
+
+    def _notify(self, kind: str, fields: dict[str, Any]) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, fields)
+            except Exception as exc:  # a broken listener must never stop the loop
+                self._listeners.remove(listener)
+                self.event("warning", message=f"event listener {listener!r} failed: {exc}")
 
     def _tick(self, step: str | None) -> None:
         """On a terminal, a live line under the log: the running step and its elapsed time."""
