@@ -71,6 +71,7 @@ class Health:
         self._last_run: dict[int, int] = {}  # probe index -> iteration it last ran in
         self._hung: dict[int, Future[ProbeResult]] = {}  # checks that outlived their round
         self._workers = [_Worker(f"probe {spec.name}") for spec in self.probes]
+        self._states: list[dict[str, Any]] = [{} for _ in self.probes]  # each probe's memory
 
     def round(self, iteration: int | None = None) -> list[ProbeResult]:
         """One round of the probes due at `iteration` (all of them when it is None)."""
@@ -155,7 +156,7 @@ class Health:
             future: Future[ProbeResult] = Future()
             future.set_result(ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0))
             return future
-        ctx = ProbeContext(self.client, self.connection, timeout)
+        ctx = ProbeContext(self.client, self.connection, timeout, self._states[index])
         return self._workers[index].submit(spec, ctx)
 
     def _outcome(
