@@ -287,6 +287,7 @@ class StandInServer(ThreadingHTTPServer):
         self.closing = False
         self.engine_dead = False
         self._logged_stats = Stats()
+        self._last_throughputs = (0.0, 0.0)
         self.started = time.time()
         self._worker_timer: threading.Timer | None = None
         self._dying = threading.Lock()
@@ -466,20 +467,26 @@ class StandInServer(ThreadingHTTPServer):
         return "\n".join(lines) + "\n"
 
     def tick(self, seconds: float) -> None:
-        """One periodic stats line, like vLLM's `loggers.py`, and a look at the control file."""
+        """A look at the control file and, like vLLM's `loggers.py`, a stats line unless the
+        engine was idle for two ticks (vLLM logs those at debug level: a hung engine goes
+        quiet)."""
         self.poll_control_file()
         stats, last = self.engine.stats, self._logged_stats
         self._logged_stats = stats
         prompt = (stats.prompt_tokens - last.prompt_tokens) / seconds
         generation = (stats.generation_tokens - last.generation_tokens) / seconds
-        self.log.record(
-            "INFO",
-            "loggers.py:326",
-            f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
-            f"Avg generation throughput: {generation:.1f} tokens/s, "
-            f"Running: {stats.running} reqs, Waiting: {stats.waiting} reqs, "
-            f"GPU KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: 0.0%",
-        )
+        throughputs = (prompt, generation, *self._last_throughputs)
+        self._last_throughputs = (prompt, generation)
+        if any(throughputs):
+            self.log.record(
+                "INFO",
+                "loggers.py:326",
+                f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
+                f"Avg generation throughput: {generation:.1f} tokens/s, "
+                f"Running: {stats.running} reqs, Waiting: {stats.waiting} reqs, "
+                f"GPU KV cache usage: {stats.kv_cache_usage * 100:.1f}%, "
+                "Prefix cache hit rate: 0.0%",
+            )
         if self.faults.die_now:
             self.die("die")
 
