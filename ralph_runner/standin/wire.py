@@ -410,7 +410,7 @@ class Responses(Format):
             return []
         self.open_item = None
         if item["type"] == "function_call":
-            done = function_call_item_of(item, "completed")
+            done = {**item, "status": "completed"}
             frames = [
                 self.event(
                     "response.function_call_arguments.done",
@@ -478,10 +478,6 @@ def function_call_item(call: ToolCall, arguments: str, status: str) -> dict[str,
         "arguments": arguments,
         "status": status,
     }
-
-
-def function_call_item_of(item: dict[str, Any], status: str) -> dict[str, Any]:
-    return {**item, "status": status}
 
 
 FORMATS: dict[str, type[Format]] = {
