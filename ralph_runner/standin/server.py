@@ -320,10 +320,8 @@ class StandInServer(ThreadingHTTPServer):
             self.engine.set_rate(faults["tokens_per_second"])
         if faults.get("engine_hang") or faults.get("worker_timeout") is not None:
             self.hang_engine(faults.get("worker_timeout"))
-        if faults.get("resume") or False in (
-            faults.get("engine_hang"),
-            faults.get("worker_timeout"),
-        ):
+        ended = faults.get("engine_hang") is False or faults.get("worker_timeout") is False
+        if faults.get("resume") or ended:
             self.resume()
         if faults.get("engine_death"):
             self.kill_engine("engine_death", self.log.engine_core_exited)
