@@ -184,49 +184,49 @@ def min_tokens_of(request: dict[str, Any], max_tokens: int) -> int:
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
-METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[str, float]]]]] = [
-    # name (a counter's exposed name gets _total), type, vLLM's help text, its samples
+METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[dict[str, str], float]]]]] = [
+    # name (a counter's exposed name gets _total), type, vLLM's help text, its samples' labels
     (
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
-        lambda s: [("", s.running)],
+        lambda s: [({}, s.running)],
     ),
     (
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
-        lambda s: [("", s.waiting)],
+        lambda s: [({}, s.waiting)],
     ),
     (
         "vllm:kv_cache_usage_perc",
         "gauge",
         "KV-cache usage. 1 means 100 percent usage.",
-        lambda s: [("", s.kv_cache_usage)],
+        lambda s: [({}, s.kv_cache_usage)],
     ),
     (
         "vllm:num_preemptions",
         "counter",
         "Cumulative number of preemption from the engine.",
-        lambda s: [("", s.preemptions)],
+        lambda s: [({}, s.preemptions)],
     ),
     (
         "vllm:prompt_tokens",
         "counter",
         "Number of prefill tokens processed.",
-        lambda s: [("", s.prompt_tokens)],
+        lambda s: [({}, s.prompt_tokens)],
     ),
     (
         "vllm:generation_tokens",
         "counter",
         "Number of generation tokens processed.",
-        lambda s: [("", s.generation_tokens)],
+        lambda s: [({}, s.generation_tokens)],
     ),
     (
         "vllm:request_success",
         "counter",
         "Count of successfully processed requests.",
-        lambda s: [(f',finished_reason="{r}"', s.finished[r]) for r in FINISH_REASONS],
+        lambda s: [({"finished_reason": r}, s.finished[r]) for r in FINISH_REASONS],
     ),
 ]
 
@@ -453,19 +453,27 @@ class StandInServer(ThreadingHTTPServer):
     # statistics
 
     def metrics(self) -> str:
-        """Prometheus text as vLLM's /metrics (prometheus_client's exposition) of the engine's
-        last published statistics: a hung engine shows its last gauges and frozen counters."""
+        """Prometheus text as vLLM 0.32's /metrics (prometheus_client's exposition) of the
+        engine's last published statistics: a hung engine shows its last gauges and frozen
+        counters. A counter's creation times follow it as a gauge family of their own."""
         stats = self.engine.stats
-        labels = f'model_name="{self.model}",engine="0"'
         lines: list[str] = []
         for name, kind, help_text, value_of in METRICS:
+            samples = [(self.labels(extra), value) for extra, value in value_of(stats)]
             exposed = f"{name}_total" if kind == "counter" else name
             lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}"]
-            for extra, value in value_of(stats):
-                lines.append(f"{exposed}{{{labels}{extra}}} {float(value)}")
-                if kind == "counter":  # prometheus_client's creation time of each series
-                    lines.append(f"{name}_created{{{labels}{extra}}} {go_float(self.started)}")
+            lines += [f"{exposed}{{{labels}}} {float(value)}" for labels, value in samples]
+            if kind == "counter":
+                created = f"{name}_created"
+                lines += [f"# HELP {created} {help_text}", f"# TYPE {created} gauge"]
+                started = go_float(self.started)
+                lines += [f"{created}{{{labels}}} {started}" for labels, _ in samples]
         return "\n".join(lines) + "\n"
+
+    def labels(self, extra: dict[str, str]) -> str:
+        """A sample's labels, sorted by name as vLLM's multiprocess exposition writes them."""
+        labels = {"engine": "0", "model_name": self.model, **extra}
+        return ",".join(f'{key}="{labels[key]}"' for key in sorted(labels))
 
     def tick(self, seconds: float) -> None:
         """A look at the control file and, like vLLM's `loggers.py`, a stats line unless the
@@ -650,6 +658,7 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(answer, Responses):  # vLLM: the exception escapes the stream
                 self.drop_connection()
                 return
+            self.server.log.stream_failed(answer.api)
             self.send_frames(answer.stream_error(ENGINE_DEAD))
             self.end_chunks()
         except OSError:  # the client went away: vLLM aborts the request
