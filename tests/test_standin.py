@@ -323,7 +323,7 @@ def test_engine_death_cuts_a_responses_stream(target: Target) -> None:
 
 
 def test_worker_timeout_is_a_hang_then_a_death(standin: StandIn) -> None:
-    child = standin.spawn(*ENGINE_ARGS, "--execute-model-timeout", "1.5")
+    child = standin.spawn(*ENGINE_ARGS, "--execute-model-timeout", "3")
     target = standin.target(child)
     stream = Stream(f"{target.url}/chat/completions", long_request(target))
     wait_streaming(stream)
