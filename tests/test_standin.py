@@ -164,13 +164,13 @@ def test_dead_engine_answers_503_while_the_process_lives(server: StandIn) -> Non
 
 
 def test_slow_once_delays_one_request_only(server: StandIn) -> None:
-    server.admin("slow_once", 0.6)
+    server.admin("slow_once", 1.2)
     started = time.monotonic()
     assert server.get("/v1/models").status_code == 200
-    assert time.monotonic() - started >= 0.6
+    assert time.monotonic() - started >= 1.2
     started = time.monotonic()
     assert server.get("/v1/models").status_code == 200
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.9  # not delayed (a margin for a loaded machine)
 
 
 def test_sigterm_shuts_down_cleanly(standin: StandIn) -> None:
