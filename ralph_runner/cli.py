@@ -11,7 +11,8 @@ from ralph_runner.errors import FatalError
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
 commands:
-  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
+  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [--forks N] [-e KEY=VALUE|@file] [--check]
+                [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
   ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
   ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
@@ -43,6 +44,16 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0)
 
 
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return number
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
     if command is None:
         parser = argparse.ArgumentParser(
@@ -52,6 +63,13 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _plan_options(parser)
+        parser.add_argument(
+            "--forks",
+            type=_positive,
+            default=5,
+            metavar="N",
+            help="with several hosts: at most N loops at once (default 5)",
+        )
         parser.add_argument(
             "--check",
             action="store_true",

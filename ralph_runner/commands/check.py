@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, loop, plan, tasks
+from ralph_runner import checklist, fleet, loop, plan, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -22,6 +22,7 @@ PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
 
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
+    fleet.check_distinct(plans)
     rendered = [_render(p) for p in plans]
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))

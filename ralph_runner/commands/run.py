@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-from ralph_runner import plan
+from ralph_runner import fleet, plan
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import Interrupted, Runner
 from ralph_runner.output import Output
@@ -25,11 +25,9 @@ class Follower(Protocol):
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)
     if len(plans) > 1:
-        hosts = ", ".join(p.host for p in plans)
-        raise FatalError(
-            f"hosts matches {len(plans)} hosts ({hosts}); a loop serves one host: "
-            "choose it with --limit HOST"
-        )
+        secrets = [value for p in plans for value in p.secret_values()]
+        output = Output(json_lines=args.json, verbose=args.verbose, redactor=Redactor(secrets))
+        return fleet.run(plans, args, output)
     (selected,) = plans
     output = Output(
         json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
