@@ -14,7 +14,7 @@ commands:
   ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [--forks N] [-e KEY=VALUE|@file] [--check]
                 [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
-  ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
+  ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
   ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
   ralph-run schema                                   the runbook language as JSON Schema
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
@@ -80,7 +80,17 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     if command in ("probe", "diagnose"):
         _plan_options(parser)
     elif command == "status":
-        parser.add_argument("target", nargs="?", default=".", help="workdir or runbook")
+        parser.add_argument(
+            "target",
+            nargs="?",
+            default=None,
+            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
+        )
+        parser.add_argument("-i", "--inventory", help="read every host's loop over its connection")
+        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
+        parser.add_argument(
+            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
+        )
         parser.add_argument("--json", action="store_true")
     elif command == "deaths":
         parser.add_argument("target", help="runbook or .jsonl death records")
