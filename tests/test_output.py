@@ -34,7 +34,7 @@ def human(kind: str, **fields) -> str:
 
 def test_a_failed_recovery_attempt_says_why_and_how_long_until_the_next():
     line = human("recovery-failed", attempt=1, reason="exit 1", retry_in=30)
-    assert line.endswith("] attempt 1 failed (exit 1): retrying in 30 s\n")
+    assert line.endswith("]   attempt 1 failed (exit 1): retrying in 30 s\n")
     last = human("recovery-failed", attempt=3, reason="not healthy within 60 s", retry_in=None)
     assert "attempt 3 failed (not healthy within 60 s): no attempt left" in last
 
