@@ -1,0 +1,126 @@
+"""runbooks/vllm.yaml against a real docker daemon: the seed's set-up, a compose service.
+
+The service runs the vLLM stand-in (runbooks/compose/standin.yml: `restart: "no"`, host network,
+ralph_runner bind-mounted) and is started by runbooks/compose/start_vllm.sh, as an operator's
+would be. ralph-run runs the shipped runbook (only the agent is the stand-in agent) through the
+CLI; the server is broken through its control file at moments read from ralph-run's status file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker_helpers import ComposeService, containers, run, vllm_runbook
+from e2e_helpers import DEATH_LINE, RalphRun, collector_output, make_workspace, processes_in
+
+pytestmark = pytest.mark.timeout(180)
+
+ITEMS = ["add the road", "add the car", "add the controls"]
+STATUS = "docker container status"
+EXIT_STATE = "container exit state"
+LOG = "container log (last lines)"
+
+
+def start_ralph(
+    tmp_path: Path,
+    service: ComposeService,
+    monkeypatch: pytest.MonkeyPatch,
+    agent_sleep: str = "0",
+    **extra: Any,
+) -> tuple[RalphRun, Path, str]:
+    """`ralph-run vllm.yaml --json -e ...` in a fresh workspace; the run, workspace, agent step."""
+    workspace = make_workspace(tmp_path / "work", ITEMS)
+    runbook = tmp_path / "vllm.yaml"
+    agent_step = vllm_runbook(runbook, agent_sleep)
+    for key, value in service.env.items():  # for start_vllm.sh and compose, in recovery
+        monkeypatch.setenv(key, value)
+    facts = {
+        "base_url": service.url,
+        "model": service.server.model,
+        "container": service.name,
+        "start_vllm": str(service.start_script),
+        "gpu_sched": str(tmp_path / "no-gpu-sched"),
+        **extra,
+    }
+    command = [sys.executable, "-m", "ralph_runner", str(runbook), "--json"]
+    return RalphRun([*command, "-e", json.dumps(facts)], workspace), workspace, agent_step
+
+
+def records(workspace: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (workspace / "logs" / "vllm-deaths.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == kind]
+
+
+def assert_item_retried_without_a_strike(run: RalphRun, workspace: Path) -> None:
+    checklist = (workspace / "CHECKLIST.md").read_text(encoding="utf-8")
+    assert checklist == "".join(f"- [x] {item}\n" for item in ITEMS)
+    assert not run.of("strike") and not run.of("skip"), run.events
+    assert [e["item"] for e in run.of("retry")] == [ITEMS[1]], run.events
+    state = json.loads((workspace / ".ralph" / "state.json").read_text(encoding="utf-8"))
+    assert (state["status"], state["deaths"], state["strikes"]) == ("finished", 1, {})
+
+
+def assert_nothing_left(service: ComposeService, tmp_path: Path) -> None:
+    """`docker compose down` leaves no container of the test, and no process works in it."""
+    down = service.down()
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert service.status() == "" and service.name not in containers()
+    assert processes_in(tmp_path) == []
+
+
+def test_container_death_is_recorded_with_its_log_and_recovered_by_compose(
+    tmp_path: Path, service: ComposeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.start()
+    assert service.status().startswith("Up")
+    run, workspace, agent_step = start_ralph(
+        tmp_path, service, monkeypatch, agent_sleep="4 if iteration == 2 else 0"
+    )
+
+    run.wait_status(
+        lambda s: s.get("iteration", 0) == 2 and s.get("phase") == agent_step,
+        "the agent of iteration 2 thinking",
+        timeout=60,
+    )
+    service.server.trigger(die=True)  # the engine dies; the API server exits 0, like vLLM's
+
+    assert run.wait(120) == 0, run.stderr
+    (death,) = records(workspace, "death")
+    assert death["item"]["text"] == ITEMS[1]
+    assert death["phase"] in ("during-step", "post-step")
+    assert collector_output(death, STATUS).startswith("Exited (0) "), death["collectors"]
+    assert collector_output(death, EXIT_STATE).startswith("exited, exit code 0, OOMKilled false")
+    log = collector_output(death, LOG)
+    assert DEATH_LINE in log and "vllm.v1.engine.exceptions.EngineDeadError" in log, log
+    assert log.rstrip().endswith("Finished server process [1]"), log  # its last 60 lines
+
+    (recovery,) = records(workspace, "recovery")
+    assert (recovery["recovered"], recovery["attempts"]) == (True, 1)
+    (start,) = [s for s in recovery["steps"] if s["ok"] and "[start_vllm]" in s["output"]]
+    assert f"[start_vllm] starting {service.name}" in start["output"]
+    assert f"[start_vllm] healthy: {service.name}" in start["output"]
+    # compose started the same container again: one log, two start-ups, one death between
+    logs = service.logs()
+    assert logs.count("Application startup complete.") == 2
+    assert logs.index(DEATH_LINE) < logs.rindex("Application startup complete.")
+    assert service.status().startswith("Up")
+
+    report = (workspace / "logs" / "vllm-deaths.log").read_text(encoding="utf-8")
+    assert f"--- {STATUS} ---\n Exited (0) " in report
+    assert_item_retried_without_a_strike(run, workspace)
+    assert_nothing_left(service, tmp_path)
+
+
+def test_standin_compose_file_is_the_seed_shape(service: ComposeService) -> None:
+    """Both shipped compose files parse, and keep what the runbook relies on."""
+    for name in ("docker-compose.yml", "standin.yml"):
+        env = {**service.env, "COMPOSE_FILE": str(service.start_script.parent / name)}
+        done = run([*service.compose, "config"], env=env)
+        assert done.returncode == 0, done.stderr
+        assert "restart: 'no'" in done.stdout or 'restart: "no"' in done.stdout, done.stdout
+        assert "network_mode: host" in done.stdout
+        assert f"container_name: {service.name}" in done.stdout
