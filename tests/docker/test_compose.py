@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from docker_helpers import ComposeService, containers, run, vllm_runbook
 from e2e_helpers import DEATH_LINE, RalphRun, collector_output, make_workspace, processes_in
+from standin_helpers import ROOT, python_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -124,3 +125,19 @@ def test_standin_compose_file_is_the_seed_shape(service: ComposeService) -> None
         assert "restart: 'no'" in done.stdout or 'restart: "no"' in done.stdout, done.stdout
         assert "network_mode: host" in done.stdout
         assert f"container_name: {service.name}" in done.stdout
+
+
+def test_diagnose_reads_the_running_container(
+    tmp_path: Path, service: ComposeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ralph-run diagnose` on the shipped runbook: the docker sections of a live service."""
+    service.start()
+    work = make_workspace(tmp_path / "work", ITEMS)
+    facts = {"base_url": service.url, "container": service.name, "model": service.server.model}
+    command = [sys.executable, "-m", "ralph_runner", "diagnose", str(ROOT / "runbooks/vllm.yaml")]
+    done = run([*command, "--json", "-e", json.dumps(facts)], cwd=work, env=python_env())
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert collector_output(report, STATUS).startswith("Up "), report["collectors"]
+    assert collector_output(report, EXIT_STATE).startswith("running, exit code 0, OOMKilled false")
+    assert "Application startup complete." in collector_output(report, LOG)
