@@ -96,7 +96,7 @@ class ComposeService:
         return done.stdout + done.stderr
 
     def down(self) -> subprocess.CompletedProcess:
-        """`docker-compose down`: stops and removes the container, as its operator would."""
+        """`docker compose down`: stops and removes the container, as its operator would."""
         return run([*self.compose, "down", "-t", "5"], timeout=90, env=self.env)
 
 
