@@ -35,7 +35,9 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
         "docker inspect --format '{{.State.Status}}, exit code {{.State.ExitCode}}"
     )
     assert commands["container log (last lines)"] == "docker logs --tail 60 vllm-spark-head 2>&1"
-    assert plan["recovery"]["steps"][0]["shell"] == "~/gpu-scheduler/start_vllm.sh"
+    stop, start = plan["recovery"]["steps"]
+    assert (stop["shell"], stop["when"]) == ("docker stop -t 10 vllm-spark-head", "death.hung")
+    assert start["shell"] == "~/gpu-scheduler/start_vllm.sh"
     assert plan["health"]["probes"][0]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
     assert list(tmp_path.iterdir()) == []  # nothing written
 

@@ -24,6 +24,8 @@ ITEMS = ["add the road", "add the car", "add the controls"]
 STATUS = "docker container status"
 EXIT_STATE = "container exit state"
 LOG = "container log (last lines)"
+STOP_STEP = "stop the hung container"
+HANG = "hang"
 
 
 def start_ralph(
@@ -101,7 +103,8 @@ def test_container_death_is_recorded_with_its_log_and_recovered_by_compose(
 
     (recovery,) = records(workspace, "recovery")
     assert (recovery["recovered"], recovery["attempts"]) == (True, 1)
-    (start,) = [s for s in recovery["steps"] if s["ok"] and "[start_vllm]" in s["output"]]
+    stop, start = recovery["steps"]
+    assert (stop["name"], stop["skipped"]) == (STOP_STEP, True)  # dead is not hung
     assert f"[start_vllm] starting {service.name}" in start["output"]
     assert f"[start_vllm] healthy: {service.name}" in start["output"]
     # compose started the same container again: one log, two start-ups, one death between
@@ -112,6 +115,38 @@ def test_container_death_is_recorded_with_its_log_and_recovered_by_compose(
 
     report = (workspace / "logs" / "vllm-deaths.log").read_text(encoding="utf-8")
     assert f"--- {STATUS} ---\n Exited (0) " in report
+    assert_item_retried_without_a_strike(run, workspace)
+    assert_nothing_left(service, tmp_path)
+
+
+def test_hung_engine_is_found_and_its_container_restarted(
+    tmp_path: Path, service: ComposeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.start()
+    run, workspace, agent_step = start_ralph(
+        tmp_path, service, monkeypatch, agent_sleep="2 if iteration == 2 else 0"
+    )
+
+    run.wait_status(
+        lambda s: s.get("iteration", 0) == 2 and s.get("phase") == agent_step,
+        "the agent of iteration 2 thinking",
+        timeout=60,
+    )
+    service.server.trigger(**{HANG: True})  # up, but its engine does no work
+
+    assert run.wait(150) == 0, run.stderr
+    (death,) = records(workspace, "death")
+    assert death["item"]["text"] == ITEMS[1]
+    assert {"stalled", "timeout"} & {p["reason"] for p in death["probes"]}, death["probes"]
+    assert collector_output(death, STATUS).startswith("Up "), death["collectors"]  # hung, not dead
+    (recovery,) = records(workspace, "recovery")
+    assert (recovery["recovered"], recovery["attempts"]) == (True, 1)
+    stop, start = recovery["steps"]
+    assert (stop["name"], stop["skipped"], stop["ok"]) == (STOP_STEP, False, True)
+    assert f"[start_vllm] starting {service.name}" in start["output"]  # not "already running"
+    logs = service.logs()
+    assert logs.count("Application startup complete.") == 2
+    assert service.status().startswith("Up")
     assert_item_retried_without_a_strike(run, workspace)
     assert_nothing_left(service, tmp_path)
 
