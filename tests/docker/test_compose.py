@@ -40,7 +40,9 @@ def start_ralph(
     runbook = tmp_path / "vllm.yaml"
     agent_step = vllm_runbook(runbook, agent_sleep)
     for key, value in service.env.items():  # for start_vllm.sh and compose, in recovery
-        monkeypatch.setenv(key, value)
+        if key != "CONTAINER":  # that one the runbook's start step passes on: `container`
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CONTAINER", raising=False)
     facts = {
         "base_url": service.url,
         "model": service.server.model,
