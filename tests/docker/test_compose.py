@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from docker_helpers import ComposeService, containers, run, vllm_runbook
 from e2e_helpers import DEATH_LINE, RalphRun, collector_output, make_workspace, processes_in
-from standin_helpers import ROOT, python_env
+from standin_helpers import ROOT, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,7 +26,7 @@ STATUS = "docker container status"
 EXIT_STATE = "container exit state"
 LOG = "container log (last lines)"
 STOP_STEP = "stop the hung container"
-HANG = "hang"
+PROMPT_LIMIT = 100  # the agent's prompt is longer; the progress probe's canary ("ping") is not
 
 
 def start_ralph(
@@ -91,7 +92,8 @@ def test_container_death_is_recorded_with_its_log_and_recovered_by_compose(
         "the agent of iteration 2 thinking",
         timeout=60,
     )
-    service.server.trigger(die=True)  # the engine dies; the API server exits 0, like vLLM's
+    # the seed's death: the agent's prompt trips the KV-cache assertion, the API server exits 0
+    service.server.trigger(die_on_prompt_chars=PROMPT_LIMIT)
 
     assert run.wait(120) == 0, run.stderr
     (death,) = records(workspace, "death")
@@ -126,7 +128,7 @@ def test_hung_engine_is_found_and_its_container_restarted(
 ) -> None:
     service.start()
     run, workspace, agent_step = start_ralph(
-        tmp_path, service, monkeypatch, agent_sleep="2 if iteration == 2 else 0"
+        tmp_path, service, monkeypatch, agent_sleep="2 if iteration == 2 else 0", stall_after=5
     )
 
     run.wait_status(
@@ -134,12 +136,13 @@ def test_hung_engine_is_found_and_its_container_restarted(
         "the agent of iteration 2 thinking",
         timeout=60,
     )
-    service.server.trigger(**{HANG: True})  # up, but its engine does no work
+    service.server.trigger(engine_hang=True)  # /health 200, the agent's generation blocks
 
     assert run.wait(150) == 0, run.stderr
     (death,) = records(workspace, "death")
     assert death["item"]["text"] == ITEMS[1]
-    assert {"stalled", "timeout"} & {p["reason"] for p in death["probes"]}, death["probes"]
+    reasons = {p["name"]: p["reason"] for p in death["probes"]}
+    assert reasons == {"engine progress": "stalled", "models endpoint": None}, death["probes"]
     assert collector_output(death, STATUS).startswith("Up "), death["collectors"]  # hung, not dead
     (recovery,) = records(workspace, "recovery")
     assert (recovery["recovered"], recovery["attempts"]) == (True, 1)
@@ -151,6 +154,19 @@ def test_hung_engine_is_found_and_its_container_restarted(
     assert service.status().startswith("Up")
     assert_item_retried_without_a_strike(run, workspace)
     assert_nothing_left(service, tmp_path)
+
+
+def test_the_start_script_alone_calls_a_hung_engine_already_running(
+    service: ComposeService,
+) -> None:
+    """Why the runbook stops a hung container first: /health answers, generation does not."""
+    service.start()
+    service.server.trigger(engine_hang=True)
+    wait_for(lambda: not (service.state_dir / "control.json").exists(), 10, "the hang applied")
+    again = service.start()
+    assert "already running" in again.stdout
+    with pytest.raises(httpx.TimeoutException):
+        service.server.chat("hello", timeout=2)
 
 
 def test_standin_compose_file_is_the_seed_shape(service: ComposeService) -> None:
