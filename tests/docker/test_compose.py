@@ -26,7 +26,7 @@ STATUS = "docker container status"
 EXIT_STATE = "container exit state"
 LOG = "container log (last lines)"
 STOP_STEP = "stop the hung container"
-PROMPT_LIMIT = 100  # the agent's prompt is longer; the progress probe's canary ("ping") is not
+PROMPT_LIMIT = 100  # characters: every agent prompt of vllm.yaml is longer
 
 
 def start_ralph(
@@ -83,16 +83,11 @@ def test_container_death_is_recorded_with_its_log_and_recovered_by_compose(
 ) -> None:
     service.start()
     assert service.status().startswith("Up")
-    run, workspace, agent_step = start_ralph(
-        tmp_path, service, monkeypatch, agent_sleep="4 if iteration == 2 else 0"
-    )
+    run, workspace, _ = start_ralph(tmp_path, service, monkeypatch)
 
-    run.wait_status(
-        lambda s: s.get("iteration", 0) == 2 and s.get("phase") == agent_step,
-        "the agent of iteration 2 thinking",
-        timeout=60,
-    )
-    # the seed's death: the agent's prompt trips the KV-cache assertion, the API server exits 0
+    run.wait_status(lambda s: s.get("done", 0) >= 1, "the first item done", timeout=60)
+    # the seed's death: the next agent's prompt trips the KV-cache assertion; the API server
+    # exits 0. Probes never trip it: the progress probe's canary is "ping".
     service.server.trigger(die_on_prompt_chars=PROMPT_LIMIT)
 
     assert run.wait(120) == 0, run.stderr
@@ -128,7 +123,7 @@ def test_hung_engine_is_found_and_its_container_restarted(
 ) -> None:
     service.start()
     run, workspace, agent_step = start_ralph(
-        tmp_path, service, monkeypatch, agent_sleep="2 if iteration == 2 else 0", stall_after=5
+        tmp_path, service, monkeypatch, agent_sleep="4 if iteration == 2 else 0", stall_after=5
     )
 
     run.wait_status(
