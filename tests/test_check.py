@@ -38,7 +38,9 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
     stop, start = plan["recovery"]["steps"]
     assert (stop["shell"], stop["when"]) == ("docker stop -t 10 vllm-spark-head", "death.hung")
     assert start["shell"] == "~/gpu-scheduler/start_vllm.sh"
-    assert plan["health"]["probes"][0]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    probes = {p["name"]: p for p in plan["health"]["probes"]}
+    assert probes["models endpoint"]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    assert probes["engine progress"]["progress"]["metrics"] == "http://127.0.0.1:8000/metrics"
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
