@@ -35,12 +35,16 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
         "docker inspect --format '{{.State.Status}}, exit code {{.State.ExitCode}}"
     )
     assert commands["container log (last lines)"] == "docker logs --tail 60 vllm-spark-head 2>&1"
-    stop, start = plan["recovery"]["steps"]
-    assert (stop["shell"], stop["when"]) == ("docker stop -t 10 vllm-spark-head", "death.hung")
-    assert start["shell"] == "~/gpu-scheduler/start_vllm.sh"
-    probes = {p["name"]: p for p in plan["health"]["probes"]}
-    assert probes["models endpoint"]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
-    assert probes["engine progress"]["progress"]["metrics"] == "http://127.0.0.1:8000/metrics"
+    steps = {step["name"]: step for step in plan["recovery"]["steps"]}
+    assert steps["stop the hung container"]["shell"] == "docker stop -t 10 vllm-spark-head"
+    assert steps["stop the hung container"]["when"] == "death.hung"
+    assert "~/gpu-scheduler/start_vllm.sh" in steps["start vLLM"]["shell"]  # ~/ left unquoted
+    probes = {
+        next(k for k in probe if k in ("http", "progress")): probe
+        for probe in plan["health"]["probes"]
+    }
+    assert probes["http"]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    assert probes["progress"]["progress"]["metrics"] == "http://127.0.0.1:8000/metrics"
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
