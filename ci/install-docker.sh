@@ -35,12 +35,12 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 
 mkdir -p "$CACHE"
-if [[ ! -f "$DONE" ]]; then
+if [[ ! -f "$DONE" || ! -x "$ROOTFS/usr/bin/python3" ]]; then
   command -v debootstrap >/dev/null || give_up "no debootstrap (Debian: apt-get install debootstrap)"
   [[ "$(id -u)" == 0 ]] || give_up "debootstrap needs root"
   mirror="${DEBIAN_MIRROR:-$(apt_mirror)}"
   mirror="${mirror:-http://deb.debian.org/debian}"
-  rm -rf "$ROOTFS"
+  rm -rf "$ROOTFS" "$DONE"
   if ! debootstrap --variant=minbase --include=python3 "$SUITE" "$ROOTFS" "$mirror" >"$LOG" 2>&1; then
     rm -rf "$ROOTFS"
     give_up "debootstrap $SUITE from $mirror failed ($(tail -n 1 "$LOG"); log: $LOG)"
