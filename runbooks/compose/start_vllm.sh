@@ -8,7 +8,8 @@
 # (`when: death.hung`), then runs this script.
 #
 # env: CONTAINER (vllm-spark-head), PORT (8000), HEALTH_URL (http://127.0.0.1:PORT/health),
-#      COMPOSE_FILE (docker-compose.yml beside this script; docker compose reads it itself),
+#      COMPOSE_FILE (docker-compose.yml beside this script), COMPOSE_PROFILES (e.g. head, as the
+#      seed's `--profile head`), COMPOSE_PROJECT_NAME: docker compose reads these itself;
 #      COMPOSE ("docker compose" when that plugin is there, else docker-compose), and in seconds:
 #      START_TIMEOUT (360: the seed's 90 polls x 4 s; vLLM's cold start is ~3 min),
 #      POLL_INTERVAL (4), HEALTH_TIMEOUT (3, per check).
@@ -52,7 +53,10 @@ if healthy; then
 fi
 
 echo "[start_vllm] starting $CONTAINER ($COMPOSE_FILE)"
-compose up -d 2>&1 | tail -n 5
+if ! compose up -d 2>&1 | tail -n 5; then
+  echo "[start_vllm] docker compose up -d failed ($COMPOSE_FILE)" >&2
+  exit 1
+fi
 
 deadline=$((SECONDS + START_TIMEOUT))
 until healthy; do

@@ -9,7 +9,9 @@ CLI; the server is broken through its control file at moments read from ralph-ru
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,20 @@ def test_the_start_script_alone_calls_a_hung_engine_already_running(
     assert "already running" in again.stdout
     with pytest.raises(httpx.TimeoutException):
         service.server.chat("hello", timeout=2)
+
+
+def test_the_start_script_fails_at_once_when_the_container_exits(service: ComposeService) -> None:
+    """A server that cannot start (its port taken) is exit 1 with its log, not a long wait."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", service.port))
+        taken.listen()
+        started = time.monotonic()
+        done = run([str(service.start_script)], timeout=90, env=service.env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 45  # START_TIMEOUT is 60
+    assert f"container {service.name} is exited during start-up" in done.stderr
+    assert "Address already in use" in done.stderr, done.stderr  # the end of its log
+    assert service.status().startswith("Exited (1)")
 
 
 def test_standin_compose_file_is_the_seed_shape(service: ComposeService) -> None:
