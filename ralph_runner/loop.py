@@ -192,6 +192,7 @@ class Runner:
             skipped=variables["checklist"]["skipped"],
             deaths=st.deaths,
             prompt_size=variables["prompt_size"],
+            prompt_bytes=variables["prompt_bytes"],
         )
         group = tasks.TaskGroup(
             self.plan,
