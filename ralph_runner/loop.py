@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ralph_runner import checklist, execute, git, orphans, probes, reports, state, tasks
+from ralph_runner import checklist, deathdata, execute, git, orphans, probes, reports, state, tasks
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import FatalError
 from ralph_runner.health import Health, ProbeSpec
@@ -104,7 +104,12 @@ class Runner:
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
         self._preflight()
-        with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
+        with (
+            self.store.lock(),
+            _signals_raise(),
+            orphans.recorded(self.store.dir),
+            deathdata.attached(self.plan, self.output, self.store.dir),
+        ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
             state.exclude_from_git(
