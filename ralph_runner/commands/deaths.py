@@ -11,9 +11,10 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ralph_runner import deathstats
+from ralph_runner import deathstats, reports
 
 LAST_DEATHS = 30  # deaths listed one per line at the end (the most recent ones)
+ITEM_WIDTH = 40
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,7 +57,7 @@ def text(answers: dict[str, Any], data: deathstats.Data) -> list[str]:
     span = f", {when(totals['from'])} – {when(totals['to'])}" if totals["from"] else ""
     lines += [
         "",
-        f"{totals['deaths']} deaths over {totals['iterations']} iterations on "
+        f"{plural(totals['deaths'], 'death')} over {plural(totals['iterations'], 'iteration')} on "
         f"{plural(len(totals['hosts']), 'host')}{span}: {totals['recovered']} recovered, "
         f"{totals['not_recovered']} not recovered"
         + (
@@ -242,7 +243,9 @@ def each_death(deaths: list[deathstats.Death]) -> list[str]:
                 f"{row['prompt_chars']} chars" if row["prompt_chars"] is not None else "—",
                 recovered,
                 row["signature"],
+                reports.shorten(row["item"] or "(no item)", ITEM_WIDTH),
             ]
         )
     header = ["death", "time", "host", "iteration", "phase", "prompt", "recovery", "signature"]
+    header.append("item")
     return [title, *table(header, rows)]
