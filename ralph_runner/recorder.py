@@ -233,6 +233,49 @@ class Gpus:
             self.pynvml = None
 
 
+class FileTail:
+    """A log file read as it grows, like `tail -F`: from where it ended when the recorder
+    started (earlier lines are in the ring already, or belong to an older run), and from the
+    start of a file that appears later, is rotated (a new inode) or truncated. `poll` reads
+    what is new; the follower thread calls it every FILE_POLL s, a death at once."""
+
+    def __init__(self, path: Path, on_text: Callable[[str], None]) -> None:
+        self.path, self.on_text = path, on_text
+        self._lock = threading.Lock()
+        self._handle: BinaryIO | None = None
+        self._inode: int | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stat = _stat(path)
+        self._resume = (stat.st_ino, stat.st_size) if stat else None  # where the start was
+
+    def poll(self) -> None:
+        with self._lock:
+            stat = _stat(self.path)
+            if stat is not None and stat.st_ino != self._inode:
+                if self._handle is not None:  # rotated: the rest of the old file, then the new
+                    self._drain()
+                    self._handle.close()
+                self._handle, self._inode = self.path.open("rb"), stat.st_ino
+                if self._resume and self._resume[0] == stat.st_ino:
+                    self._handle.seek(min(self._resume[1], stat.st_size))
+                self._resume = None
+            if self._handle is not None:
+                if stat is not None and stat.st_size < self._handle.tell():
+                    self._handle.seek(0)  # truncated
+                self._drain()
+
+    def _drain(self) -> None:
+        assert self._handle is not None
+        while chunk := self._handle.read(READ_SIZE):
+            self.on_text(self._decoder.decode(chunk))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+
+
 class Recorder:
     """Samples, follows and writes the ring until `stop()`; `window()` at a death."""
 
@@ -250,6 +293,7 @@ class Recorder:
         self._client = httpx.Client(timeout=SCRAPE_TIMEOUT) if settings.url else None
         self._gpus: Gpus | None = None
         self._partial = ""
+        self._tail: FileTail | None = None
         self._threads: list[threading.Thread] = []
 
     # -- life ------------------------------------------------------------------
@@ -263,6 +307,7 @@ class Recorder:
         if self.settings.follow:
             self._spawn("recorder: follow", self._follow_command)
         elif self.settings.file:
+            self._tail = FileTail(self.settings.file, self._on_text)
             self._spawn("recorder: file", self._follow_file)
 
     def stop(self) -> None:
@@ -361,35 +406,13 @@ class Recorder:
             wait = min(wait * 2, BACKOFF_MOST)
 
     def _follow_file(self) -> None:
-        """Read a log file as it grows, like `tail -F`: from its end when the recorder starts
-        (earlier lines are in the ring already, or older than this run), from the start of a
-        file that appears later, is rotated (a new inode) or truncated."""
-        assert self.settings.file is not None
-        path, handle, inode, first = self.settings.file, None, None, True
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        assert self._tail is not None
         try:
             while not self._stop.is_set():
-                stat = _stat(path)
-                if stat is not None and stat.st_ino != inode:
-                    if handle is not None:  # rotated: the rest of the old file, then the new
-                        self._read_into_ring(handle, decoder)
-                        handle.close()
-                    handle, inode = path.open("rb"), stat.st_ino
-                    if first:
-                        handle.seek(stat.st_size)
-                first = False
-                if handle is not None:
-                    if stat is not None and stat.st_size < handle.tell():
-                        handle.seek(0)  # truncated
-                    self._read_into_ring(handle, decoder)
+                self._tail.poll()
                 self._stop.wait(FILE_POLL)
         finally:
-            if handle is not None:
-                handle.close()
-
-    def _read_into_ring(self, handle: BinaryIO, decoder: codecs.IncrementalDecoder) -> None:
-        while chunk := handle.read(READ_SIZE):
-            self._on_text(decoder.decode(chunk))
+            self._tail.close()
 
     def _on_text(self, text: str) -> None:
         """Output of the followed log, in arbitrary chunks: whole lines go into the ring."""
@@ -418,6 +441,8 @@ class Recorder:
     def window(self) -> dict[str, Any]:
         """The last `window` seconds, for a death record."""
         settings = self.settings
+        if self._tail is not None and not self._stop.is_set():
+            self._tail.poll()  # what the server wrote since the last look, its last words
         now = time.time()
         skipped = jsonl.Skipped()
         entries = self.ring.read_since(now - settings.window, skipped)
