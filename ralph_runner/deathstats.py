@@ -16,6 +16,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ class Death:
     def phase(self) -> str:
         return str(self.record.get("phase") or "?")
 
-    @property
+    @cached_property
     def time(self) -> float | None:
         return epoch(self.record.get("time"))
 
@@ -62,7 +63,7 @@ class Death:
         value = self.record.get("prompt_size")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    @property
+    @cached_property
     def signature(self) -> str:
         return signatures.signature(self.record)
 

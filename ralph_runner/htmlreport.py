@@ -21,7 +21,7 @@ import jinja2
 from ralph_runner import deathstats
 from ralph_runner.commands import deaths as deaths_text
 
-MAX_OVERLAY = 100  # deaths whose recorder samples are overlaid
+MAX_OVERLAY = 50  # deaths whose recorder samples are overlaid
 MAX_EXCERPTS = 20  # deaths whose last log lines are shown
 EXCERPT_LINES = 30
 MAX_SIGNATURES = 15  # bars in the by-signature chart; the table lists them all
@@ -40,6 +40,7 @@ PALETTE = [
     *("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"),
 ]
 WIDTH = 1100
+ITEM_CHARS = 60  # of an item's text in the timeline's hover
 
 
 def write(data: deathstats.Data, output: Path) -> dict[str, Any]:
@@ -111,11 +112,12 @@ def timeline(data: deathstats.Data, colour: dict[str, str]):
     from bokeh.layouts import column
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
+    from bokeh.transform import factor_cmap
 
     if not data.iterations and not data.deaths:
         return None
     its = data.iterations
-    outcome = [str(i.get("outcome") or "unknown") for i in its]
+    outcome = [_outcome(i.get("outcome")) for i in its]
     iterations = ColumnDataSource(
         {
             "t": np.array([_ms(deathstats.epoch(i.get("started"))) for i in its], dtype=float),
@@ -123,11 +125,11 @@ def timeline(data: deathstats.Data, colour: dict[str, str]):
             "seconds": np.array([_num(i.get("seconds")) for i in its], dtype=np.float32),
             "iteration": np.array([_num(i.get("iteration")) for i in its], dtype=np.float32),
             "outcome": outcome,
-            "colour": [OUTCOME_COLOURS.get(o, "#bbbbbb") for o in outcome],
-            "item": [str(i.get("item") or "")[:80] for i in its],
-            "host": [str(i.get("host") or "?") for i in its],
+            "item": [_short(str(i.get("item") or ""), ITEM_CHARS) for i in its],
         }
     )
+    outcomes = sorted(set(outcome), key=list(OUTCOME_COLOURS).index)
+    by_outcome = factor_cmap("outcome", [OUTCOME_COLOURS[o] for o in outcomes], outcomes)
     deaths = [d for d in data.deaths if d.time is not None]
     top = max([_num(i.get("prompt_chars")) for i in its] + [d.prompt_chars or 0 for d in deaths])
     top = top if math.isfinite(top) and top > 0 else 1.0
@@ -175,7 +177,7 @@ def timeline(data: deathstats.Data, colour: dict[str, str]):
         "t",
         "chars",
         source=iterations,
-        color="colour",
+        color=by_outcome,
         size=4,
         alpha=0.7,
         legend_field="outcome",
@@ -224,8 +226,12 @@ def timeline(data: deathstats.Data, colour: dict[str, str]):
         tools="xpan,xwheel_zoom,box_zoom,reset",
         output_backend=prompt.output_backend,
     )
-    duration.scatter("t", "seconds", source=iterations, color="colour", size=3, alpha=0.7)
+    duration.scatter("t", "seconds", source=iterations, color=by_outcome, size=3, alpha=0.7)
     return column(prompt, duration)
+
+
+def _outcome(value: Any) -> str:
+    return value if value in OUTCOME_COLOURS else "unknown"
 
 
 def _num(value: Any) -> float:
@@ -312,33 +318,38 @@ def prompt_chart(prompt: dict[str, Any]):
 
 
 def metric_series(deaths: list[deathstats.Death]) -> dict[str, list[tuple[Any, list, list]]]:
-    """metric -> [(death, seconds before death, values)] for the last MAX_OVERLAY deaths."""
+    """metric -> [(death, seconds before death, values)] for the last MAX_OVERLAY deaths; a
+    sample without the metric (the server did not answer) is a gap in the line, not a bridge."""
     series: dict[str, list[tuple[Any, list, list]]] = {}
     for death in deaths[-MAX_OVERLAY:]:
         section = death.record.get("recorder")
         if not isinstance(section, dict) or death.time is None:
             continue
-        points: dict[str, tuple[list, list]] = {}
-        for sample in section.get("samples") or []:
-            t = sample.get("t") if isinstance(sample, dict) else None
-            if not isinstance(t, int | float):
-                continue
-            values = dict(sample.get("metrics") or {})
-            for gpu in sample.get("gpu") or []:
-                if isinstance(gpu, dict) and gpu.get("memory_used_mib") is not None:
-                    values[f"GPU {gpu.get('index')} memory used (MiB)"] = gpu["memory_used_mib"]
-            for name, value in values.items():
-                if isinstance(value, int | float):
-                    xs, ys = points.setdefault(name, ([], []))
-                    xs.append(round(t - death.time, 1))
-                    ys.append(value)
-        for name, (xs, ys) in points.items():
+        samples = [s for s in section.get("samples") or [] if isinstance(s, dict)]
+        rows = [
+            (s["t"] - death.time, sample_values(s))
+            for s in samples
+            if isinstance(s.get("t"), int | float)
+        ]
+        for name in sorted({name for _, values in rows for name in values}):
+            xs = [round(x, 1) for x, _ in rows]
+            ys = [values.get(name, math.nan) for _, values in rows]
             series.setdefault(name, []).append((death, xs, ys))
     return series
 
 
+def sample_values(sample: dict[str, Any]) -> dict[str, float]:
+    """A recorder sample's metrics and each GPU's memory, by name."""
+    values = {k: v for k, v in (sample.get("metrics") or {}).items() if isinstance(v, int | float)}
+    for gpu in sample.get("gpu") or []:
+        if isinstance(gpu, dict) and isinstance(gpu.get("memory_used_mib"), int | float):
+            values[f"GPU {gpu.get('index')} memory used (MiB)"] = gpu["memory_used_mib"]
+    return values
+
+
 def metric_charts(deaths: list[deathstats.Death]) -> list[Any]:
     """One chart per recorder metric: each death's samples, 0 = the moment of death."""
+    import numpy as np
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
 
@@ -346,8 +357,8 @@ def metric_charts(deaths: list[deathstats.Death]) -> list[Any]:
     for name, lines in sorted(metric_series(deaths).items()):
         source = ColumnDataSource(
             {
-                "xs": [xs for _, xs, _ in lines],
-                "ys": [ys for _, _, ys in lines],
+                "xs": [np.array(xs, dtype=np.float32) for _, xs, _ in lines],
+                "ys": [np.array(ys, dtype=np.float32) for _, _, ys in lines],
                 "death": [str(d.number) for d, _, _ in lines],
                 "signature": [d.signature for d, _, _ in lines],
                 "colour": [PALETTE[i % len(PALETTE)] for i in range(len(lines))],

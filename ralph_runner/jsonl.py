@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson  # 3-4x the standard library's speed: a night's records are tens of MB
+
 
 def dumps(entry: dict[str, Any]) -> str:
     """One compact line (no newline inside: JSON escapes it)."""
@@ -105,8 +107,8 @@ def read(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, Any]]]:
         if not raw.strip():
             continue
         try:
-            entry = json.loads(raw)
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            entry = orjson.loads(raw)
+        except ValueError:  # orjson.JSONDecodeError, invalid UTF-8 included
             skipped.add("torn", path, number)
             continue
         if isinstance(entry, dict):

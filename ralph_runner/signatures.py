@@ -30,6 +30,8 @@ EXCEPTION = re.compile(
 )
 # An exception line that names its cause elsewhere: the root cause is the line it points at.
 POINTER = re.compile(r"(?i)see (?:the )?stack ?trace|above for the root cause|see above")
+# A word an exception line must hold: a fast test that spares most log lines the full regex.
+EXCEPTION_WORD = re.compile(r"Error|Exception|Exit|Interrupt|Fault|Failure|Warning")
 LOG_COLLECTOR = re.compile(r"(?i)\blogs?\b|journal")
 
 MASKS = (
@@ -62,6 +64,8 @@ def mask(line: str) -> str:
 
 def exception_of(line: str) -> str | None:
     """The exception part of a log line (`AssertionError: ...`), without its logger prefix."""
+    if not EXCEPTION_WORD.search(line):
+        return None
     found = EXCEPTION.search(line)
     return found.group(0).strip() if found else None
 
