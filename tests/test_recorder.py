@@ -280,3 +280,25 @@ def test_a_death_record_holds_the_recorder_window_and_its_signature(tmp_path: Pa
     assert death["signature"] == "AssertionError: num_required_blocks <num> < len(req_blocks) <num>"
     assert death["signature_from"]["source"] == "recorder log"
     json.dumps(death)  # plain JSON, NaN-free
+
+
+def test_a_bad_recorder_block_is_named_at_its_line(tmp_path: Path) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "loop:\n  steps: []\nrecorder:\n  follow: docker logs -f x\n  file: x.log\n  perod: 3\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_runner", str(book), "--check"],
+        capture_output=True, text=True, env=python_env(), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{book}:6:3: recorder.perod: unknown key 'perod'; did you mean 'period'?" in done.stderr
+    book.write_text("loop:\n  steps: []\nrecorder:\n  follow: a\n  file: b\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_runner", str(book), "--check"],
+        capture_output=True, text=True, env=python_env(), timeout=60,
+    )  # fmt: skip
+    assert (
+        f"{book}:3:1: recorder: a recorder follows one log: give `follow` or `file`" in done.stderr
+    )
+    assert "Traceback" not in done.stderr
