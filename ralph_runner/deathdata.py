@@ -142,7 +142,10 @@ def at_death(plan: Plan, record: dict[str, Any]) -> dict[str, Any]:
     session = _sessions.get(plan.workdir)
     fields: dict[str, Any] = {}
     if session is not None and session.recorder is not None:
-        fields["recorder"] = session.recorder.window()
+        try:
+            fields["recorder"] = session.recorder.window()
+        except Exception as exc:  # the death must be recorded whatever became of the ring
+            fields["recorder"] = {"error": f"the recorder's window could not be read: {exc}"}
     fields.update(signatures.of_record({**record, **fields}))
     return fields
 

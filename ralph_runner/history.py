@@ -105,9 +105,10 @@ class History:
         start, why = self._tokens_at_start, self._tokens_why
         if start is None:
             return None, why
+        restarted = "the server restarted during the iteration (its counter began again)"
+        if died:
+            return None, restarted
         end, why = self._read_tokens()
         if end is None:
             return None, why
-        if end < start or died:
-            return None, "the server restarted during the iteration (its counter began again)"
-        return int(end - start), None
+        return (None, restarted) if end < start else (int(end - start), None)

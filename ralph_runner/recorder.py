@@ -78,6 +78,8 @@ class Ring:
         self.directory = directory
         self.segments = segments
         self.segment_bytes = max_bytes // segments
+        self.dropped = 0  # entries lost to a write error (a full disk)
+        self.error: str | None = None
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self._drop_oldest(budget=max_bytes)
@@ -92,21 +94,30 @@ class Ring:
         return sorted(self.directory.glob(SEGMENT_GLOB), key=_number)
 
     def append(self, entries: list[dict[str, Any]]) -> None:
+        """Write entries; a write error (a full disk) drops them, counted, and never raises:
+        the recorder runs on threads the loop does not watch."""
         lines = [jsonl.dumps(entry) for entry in entries]
         with self._lock:
-            batch: list[str] = []
-            size = self._current.size
-            for line in lines:
-                length = len(line.encode("utf-8")) + 2  # newline, and one for a torn line's
-                if size + length > self.segment_bytes and (batch or size):
-                    self._current.write(batch)
-                    batch = []
-                    self._rotate()
-                    size = 0
-                batch.append(line)
-                size += length
-            if batch:
+            try:
+                self._append(lines)
+            except OSError as exc:
+                self.dropped += len(lines)
+                self.error = str(exc)
+
+    def _append(self, lines: list[str]) -> None:
+        batch: list[str] = []
+        size = self._current.size
+        for line in lines:
+            length = len(line.encode("utf-8")) + 2  # newline, and one for a torn line's
+            if size + length > self.segment_bytes and (batch or size):
                 self._current.write(batch)
+                batch = []
+                self._rotate()
+                size = 0
+            batch.append(line)
+            size += length
+        if batch:
+            self._current.write(batch)
 
     def read_since(self, since: float, skipped: jsonl.Skipped) -> list[dict[str, Any]]:
         """Entries with `t` >= since, oldest first, reading the newest segments only."""
@@ -328,9 +339,15 @@ class Recorder:
 
     # -- samples ---------------------------------------------------------------
     def _sample_loop(self) -> None:
+        failed = False
         while not self._stop.is_set():
             started = time.monotonic()
-            self.sample_now()
+            try:
+                self.sample_now()
+            except Exception as exc:  # an odd page or an NVML fault: say so once, go on
+                if not failed:
+                    self._note(f"sample failed: {exc!r}")
+                failed = True
             self._stop.wait(max(0.0, self.settings.period - (time.monotonic() - started)))
 
     def sample_now(self) -> dict[str, Any]:
@@ -463,4 +480,6 @@ class Recorder:
             "log_lines_cut": max(0, len(log) - settings.max_lines),
             "notes": [[e["t"], e["note"]] for e in entries if "note" in e],
             "skipped_lines": skipped.total,
+            "dropped_entries": self.ring.dropped,
+            "ring_error": self.ring.error,
         }
