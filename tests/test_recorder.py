@@ -259,7 +259,7 @@ def test_a_death_record_holds_the_recorder_window_and_its_signature(tmp_path: Pa
         book = yaml.safe_load(scenario.runbook_path.read_text())
         book["recorder"] = {
             "url": "{{ base_url | regex_replace('/v1$', '') }}/metrics",
-            "metrics": ["vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total"],
+            "metrics": ["vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:nope"],
             "period": 0.2,
             "file": "{{ standin_dir }}/server.log",
         }
@@ -269,17 +269,25 @@ def test_a_death_record_holds_the_recorder_window_and_its_signature(tmp_path: Pa
         scenario.standin.trigger(die_on_prompt_chars=10)
         assert run.wait() == 0, run.stderr
         (death,) = scenario.records("death")
+        workspace = scenario.workspace
     finally:
         scenario.close()
     section = death["recorder"]
     assert len(section["samples"]) >= 3
     assert any("vllm:kv_cache_usage_perc" in s.get("metrics", {}) for s in section["samples"])
-    assert section["missing"] == ["vllm:prompt_tokens_total"]
+    assert section["missing"] == ["vllm:nope"]
     lines = [line for _, line in section["log"]]
     assert any("AssertionError: num_required_blocks" in line for line in lines)
     assert death["signature"] == "AssertionError: num_required_blocks <num> < len(req_blocks) <num>"
     assert death["signature_from"]["source"] == "recorder log"
     json.dumps(death)  # plain JSON, NaN-free
+    history = [e for _, e in jsonl.read(workspace / ".ralph" / "iterations.jsonl", jsonl.Skipped())]
+    done = [e for e in history if e["outcome"] == "done"]
+    assert done, history
+    assert any(e["prompt_tokens"] for e in done), done  # the counter's change, read at each end
+    assert all(e["prompt_tokens"] or e["tokens_note"] for e in history), history  # else: why
+    (died,) = [e for e in history if e["outcome"] == "death"]
+    assert died["prompt_tokens"] is None and "restarted" in died["tokens_note"]
 
 
 def test_a_bad_recorder_block_is_named_at_its_line(tmp_path: Path) -> None:
