@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from ralph_runner import deathstats
 from ralph_runner.commands import deaths as deaths_text
@@ -79,8 +80,8 @@ def render(data: deathstats.Data, answers: dict[str, Any]) -> str:
         summary=summary_lines(answers),
         divs=divs,
         metric_divs=[divs[name] for name in divs if name.startswith("metric ")],
-        bokeh_js=jinja2.utils.markupsafe.Markup(bokeh_js),
-        bokeh_script=jinja2.utils.markupsafe.Markup(script),
+        bokeh_js=Markup(bokeh_js),
+        bokeh_script=Markup(script),
         deaths=[deaths_text.death_row(d) for d in data.deaths],
         colour=signature_colour,
         excerpts=excerpts(data.deaths),

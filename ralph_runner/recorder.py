@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from ralph_runner import jsonl
+from ralph_runner import jsonl, probes
 from ralph_runner.actions import nvml
 from ralph_runner.connection import Connection
 
@@ -221,9 +221,7 @@ class Gpus:
             pynvml.nvmlInit()
             self.count = pynvml.nvmlDeviceGetCount()
             self.pynvml = pynvml
-        except ImportError as exc:
-            self.why = f"no NVIDIA driver: {exc}"
-        except Exception as exc:  # pynvml.NVMLError: no driver, no device
+        except Exception as exc:  # ImportError, pynvml.NVMLError: no library, driver or device
             self.why = f"no NVIDIA driver: {exc}"
 
     def read(self) -> list[dict[str, Any]]:
@@ -368,11 +366,8 @@ class Recorder:
         assert self._client is not None and self.settings.url is not None
         try:
             response = self._client.get(self.settings.url)
-        except httpx.TimeoutException:
-            return {}, "timeout"
         except httpx.HTTPError as exc:
-            refused = "refused" in str(exc).lower() or isinstance(exc, httpx.ConnectError)
-            return {}, "refused" if refused else f"error: {exc}"
+            return {}, probes.classify(exc)[0]  # refused, timeout or error, as a probe says
         if response.status_code != 200:
             return {}, f"status {response.status_code}"
         metrics = parse_metrics(response.text, set(self.settings.metrics))
