@@ -317,7 +317,9 @@ def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dic
     """Deaths and iterations per prompt-size bucket (characters), and where deaths cluster."""
     ran = [i["prompt_chars"] for i in iterations if _count(i.get("prompt_chars"))]
     died = [d.prompt_chars for d in deaths if d.prompt_chars is not None]
-    result: dict[str, Any] = {"width": None, "buckets": [], "cluster": None, "too_little": None}
+    result: dict[str, Any] = {
+        "width": None, "buckets": [], "cluster": None, "no_cluster": None, "too_little": None
+    }  # fmt: skip
     if not ran and not died:
         result["too_little"] = "no prompt sizes recorded"
         return result
@@ -339,18 +341,26 @@ def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dic
     if not ran:
         result["too_little"] = "no iteration history: deaths per bucket only, no rate"
         return result
-    result["cluster"] = cluster(sorted(ran), sorted(died), width, count)
-    if result["cluster"] is None:
+    result["cluster"], enough = cluster(sorted(ran), sorted(died), width, count)
+    if result["cluster"] is None and enough:
+        result["no_cluster"] = (
+            f"deaths do not cluster by prompt size: no split has {CLUSTER_RATIO:g}x the death "
+            "rate above it than below"
+        )
+    elif result["cluster"] is None:
         result["too_little"] = (
-            f"no split with {MIN_SIDE}+ iterations on each side, {MIN_CLUSTER_DEATHS}+ deaths "
-            f"above and {CLUSTER_RATIO:g}x the rate below: no clustering to report"
+            f"no split with {MIN_SIDE}+ iterations on each side and {MIN_CLUSTER_DEATHS}+ "
+            "deaths above it: too few to say where deaths cluster"
         )
     return result
 
 
-def cluster(ran: list[int], died: list[int], width: int, count: int) -> dict[str, Any] | None:
-    """The bucket boundary above which the death rate rises the most (or None)."""
-    best = None
+def cluster(
+    ran: list[int], died: list[int], width: int, count: int
+) -> tuple[dict[str, Any] | None, bool]:
+    """The bucket boundary above which the death rate rises the most (or None), and whether
+    any boundary had data enough on both sides to tell."""
+    best, enough = None, False
     for k in range(1, count):
         edge = k * width
         below_runs = sum(1 for c in ran if c < edge)
@@ -359,6 +369,7 @@ def cluster(ran: list[int], died: list[int], width: int, count: int) -> dict[str
         above_deaths = len(died) - below_deaths
         if min(below_runs, above_runs) < MIN_SIDE or above_deaths < MIN_CLUSTER_DEATHS:
             continue
+        enough = True
         above, below = above_deaths / above_runs, below_deaths / below_runs
         if above < CLUSTER_RATIO * below:
             continue
@@ -372,7 +383,7 @@ def cluster(ran: list[int], died: list[int], width: int, count: int) -> dict[str
                 "deaths_below": below_deaths,
                 "rate_below": below,
             }
-    return best
+    return best, enough
 
 
 def _count(value: Any) -> bool:

@@ -25,7 +25,9 @@ def iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
 
 
-def night(host: str, iterations: int, seed: int) -> tuple[list[dict], list[dict]]:
+def night(
+    host: str, iterations: int, seed: int, above: float = 0.25, below: float = 0.005
+) -> tuple[list[dict], list[dict]]:
     """A made-up night on one host: prompts grow; above 12,000 chars one iteration in four dies
     of the KV-cache assertion (other numbers each time), below it one in 200 hangs."""
     rng = random.Random(seed)
@@ -35,7 +37,7 @@ def night(host: str, iterations: int, seed: int) -> tuple[list[dict], list[dict]
     for number in range(1, iterations + 1):
         chars = rng.randrange(2_000, 16_000)
         started, now = now, now + 60
-        dies = rng.random() < (0.25 if chars >= 12_000 else 0.005)
+        dies = rng.random() < (above if chars >= 12_000 else below)
         entry = {
             "event": "iteration",
             "time": iso(started),
@@ -143,6 +145,15 @@ def test_groups_by_signature_and_finds_where_deaths_cluster(tmp_path: Path) -> N
     text = deaths(str(tmp_path / "work")).stdout  # a workdir with no sources.json
     assert "no .ralph/sources.json" in text
     assert "deaths cluster above 12,000 chars" not in text  # no records named: history only
+
+
+def test_an_even_death_rate_is_no_cluster(tmp_path: Path) -> None:
+    records, history = night("gpu-a", 2000, seed=7, above=0.05, below=0.05)
+    write_lines(tmp_path / "logs" / "deaths.jsonl", records)
+    write_lines(tmp_path / ".ralph" / "iterations.jsonl", history)
+    prompt = answers(str(tmp_path / "logs" / "deaths.jsonl"))["prompt_size"]
+    assert prompt["cluster"] is None and prompt["too_little"] is None
+    assert prompt["no_cluster"].startswith("deaths do not cluster by prompt size")
 
 
 def test_the_text_view_answers_each_question(tmp_path: Path) -> None:

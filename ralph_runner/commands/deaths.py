@@ -215,6 +215,8 @@ def prompt_lines(prompt: dict[str, Any]) -> list[str]:
             f"({found['rate_above']:.1%}), {found['deaths_below']} in "
             f"{found['iterations_below']} below ({found['rate_below']:.1%})"
         )
+    if prompt.get("no_cluster"):
+        lines.append(prompt["no_cluster"])
     if prompt["too_little"]:
         lines.append(f"too little data: {prompt['too_little']}")
     return lines
