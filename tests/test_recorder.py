@@ -230,8 +230,22 @@ def test_a_metric_the_server_does_not_expose_is_reported_once(tmp_path: Path) ->
     assert missing == [f"recorder: the server at {url} exposes no vllm:no_such_thing: not sampled"]
     assert len(notes(tmp_path / "ring", "vllm:no_such_thing")) == 1
     assert tokens is None and why == "vllm:prompt_tokens_total is not among recorder.metrics"
-    if not any("gpu" in s for s in samples):  # no GPU here: said once, never an exception
+    if nvml_works():  # a GPU host: each sample has each GPU's memory
+        assert all(s["gpu"] and s["gpu"][0]["memory_total_mib"] > 0 for s in samples)
+    else:  # none here: said once, never an exception
+        assert not any("gpu" in s for s in samples)
         assert len(notes(tmp_path / "ring", "GPU memory not sampled: no NVIDIA driver")) == 1
+
+
+def nvml_works() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
 
 
 def test_the_window_holds_the_last_minutes_only(tmp_path: Path) -> None:
