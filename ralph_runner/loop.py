@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ralph_runner import (
     checklist,
+    deathdata,
     execute,
     failures,
     git,
@@ -132,6 +133,7 @@ class Runner:
             _signals_raise(),
             orphans.recorded(self.store.dir),
             execute.watchdog(),
+            deathdata.attached(self.plan, self.output, self.store.dir),
         ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
@@ -229,6 +231,7 @@ class Runner:
             skipped=variables["checklist"]["skipped"],
             deaths=st.deaths,
             prompt_size=variables["prompt_size"],
+            prompt_bytes=variables["prompt_bytes"],
         )
         group = tasks.TaskGroup(
             self.plan,

@@ -158,6 +158,7 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         if f["recovered"]
         else p("red", f"  ❌ not recovered: {f['reason']}")
     ),
+    "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
     "output": lambda f, p: p("dim", "    │ ") + f["text"],
     "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
     "done": lambda f, p: p("green", f"  done: {f['item']}"),

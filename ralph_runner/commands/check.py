@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, fleet, loop, plan, recovery, tasks
+from ralph_runner import checklist, deathdata, fleet, loop, plan, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -89,6 +89,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
             **model.recovery.model_dump(exclude={"steps"}),
             "steps": each(p.runbook.recovery_steps, target, at_death),
         },
+        "recorder": _recorder(p, problems),
     }
     try:
         result.update(_followers(p))
@@ -97,6 +98,19 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
     return redactor.data(result)
+
+
+def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
+    """The flight recorder as it would run: its URL and follow command rendered."""
+    try:
+        settings = deathdata.settings_for(p)
+    except FatalError as exc:
+        problems.append(exc)
+        return None
+    if settings is None:
+        return None
+    shown = {k: v for k, v in vars(settings).items() if k != "connection"}
+    return {**shown, "file": settings.file and str(settings.file), "on": settings.connection.name}
 
 
 def _followers(p: plan.Plan) -> dict[str, Any]:
