@@ -80,6 +80,12 @@ def runbook(agent_seconds: float, watch: float) -> dict[str, Any]:
         "recovery": {
             "steps": [
                 {
+                    "name": "stop the hung stand-in",  # "already running" would be a lie
+                    "shell": "kill -TERM $(cat {{ standin_dir }}/server.pid)",
+                    "when": "death.hung",
+                    "ignore_errors": True,
+                },
+                {
                     "name": "restart the stand-in",
                     "shell": "PYTHON={{ python }} HEALTH_TIMEOUT=1 {{ start }} {{ port }} "
                     "{{ standin_dir }}",
@@ -192,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler(psutil.Process(fleet.pid))
     injected = []
     started = time.monotonic()
-    while time.monotonic() - started < args.seconds:
-        time.sleep(args.every)
+    while (left := args.seconds - (time.monotonic() - started)) > 0:
+        time.sleep(min(args.every, left))
+        if args.every > left:
+            break
         host, fault = rng.choice(hosts), rng.choice(FAULTS)
         servers[host].state_dir.joinpath("control.json").write_text(json.dumps(fault))
         injected.append((round(time.monotonic() - started, 1), host, fault))
