@@ -8,7 +8,7 @@ Action kinds and probe kinds come from their packages, so adding one touches one
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -162,9 +162,54 @@ class Recovery(Model):
     crash_loop: CrashLoop = CrashLoop()
 
 
+class Recorder(Model):
+    """The flight recorder (README "Deaths as data"): what led up to a death, kept on disk."""
+
+    url: str | None = None  # the server's Prometheus /metrics
+    metrics: list[str] = []  # the metric names sampled from it
+    period: PositiveFloat = 5.0  # seconds between samples
+    gpu: bool = True  # GPU memory through NVML, when this machine has a driver
+    follow: str | None = None  # a command that prints the server log as it grows
+    file: str | None = None  # or a log file (relative to the workdir), read as it grows
+    window: PositiveFloat = 600.0  # seconds of samples and log lines put into a death record
+    max_lines: PositiveInt = 2000  # log lines of the window kept in a record (the last ones)
+    max_mb: float = Field(16.0, ge=0.5)  # bound of .ralph/recorder/ on disk
+
+    @model_validator(mode="after")
+    def _one_log_source(self) -> Recorder:
+        if self.follow is not None and self.file is not None:
+            raise ValueError("a recorder follows one log: give `follow` or `file`, not both")
+        if self.metrics and self.url is None:
+            raise ValueError("`metrics` needs the `url` of the server's /metrics")
+        return self
+
+
 class Loop(Model):
     max_iterations: NonNegativeInt = 0
     steps: list[TaskEntry]
+
+
+class Metrics(Model):
+    """A Prometheus node_exporter textfile, rewritten atomically at each change and at exit."""
+
+    textfile: str  # e.g. /var/lib/node_exporter/textfile/ralph-{{ inventory_hostname }}.prom
+
+
+NOTIFY_EVENTS = ("death", "recovered", "gave-up", "agent-broken", "finished", "stopped")
+
+
+class NotifyTarget(Model):
+    url: str  # an Apprise URL: ntfy://, slack://, discord://, mailto://, tgram://, json://...
+    events: list[Literal[NOTIFY_EVENTS]] = ["gave-up", "agent-broken", "finished"]  # type: ignore[valid-type]
+
+
+class Notify(Model):
+    """Notifications (Apprise) and a dead man's switch; sent in the background, never blocking."""
+
+    to: list[NotifyTarget] = []
+    deadman: str | None = None  # healthchecks.io-style URL: /start, pinged each iteration, /<code>
+    timeout: PositiveFloat = 10.0  # seconds per attempt
+    retries: NonNegativeInt = 2
 
 
 class Runbook(Model):
@@ -178,6 +223,9 @@ class Runbook(Model):
     health: Health = Health()
     diagnostics: Diagnostics = Diagnostics()
     recovery: Recovery = Recovery()
+    metrics: Metrics | None = None
+    notify: Notify = Notify()
+    recorder: Recorder | None = None
     loop: Loop
 
 
@@ -197,7 +245,21 @@ class TaskFile(Model):
 
 def _known_keys() -> set[str]:
     keys: set[str] = set()
-    for model in (Task, Use, Include, Probe, Checklist, Health, Diagnostics, CrashLoop, Recovery):
+    for model in (
+        Task,
+        Use,
+        Include,
+        Probe,
+        Checklist,
+        Health,
+        Diagnostics,
+        CrashLoop,
+        Recovery,
+        Metrics,
+        Notify,
+        NotifyTarget,
+        Recorder,
+    ):
         keys.update(model.model_fields)
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
     for module in (*actions.KINDS.values(), *probes.KINDS.values()):

@@ -158,6 +158,9 @@ def test_a_failed_start_is_retried_and_the_second_attempt_recovers(scenario: Sce
     (event,) = run.of("recovery")
     assert (event["recovered"], event["attempts"]) == (True, 2)
     assert [e["attempt"] for e in run.of("recovery-step")] == [1, 2]
+    (failed,) = run.of("recovery-failed")  # the console says why and how long it waits
+    assert (failed["attempt"], failed["retry_in"]) == (1, 0.2)
+    assert failed["reason"] == "step 'start the stand-in' failed (exit 1)"
     assert scenario.marks() == ["x"] * len(ITEMS)
     assert_no_strikes(scenario, run)
     assert scenario.standin.starts == 2

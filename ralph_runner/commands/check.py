@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, loop, plan, recovery, tasks
+from ralph_runner import checklist, deathdata, fleet, loop, plan, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -22,6 +22,7 @@ PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
 
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
+    fleet.check_distinct(plans)
     rendered = [_render(p) for p in plans]
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
@@ -88,10 +89,49 @@ def _render(p: plan.Plan) -> dict[str, Any]:
             **model.recovery.model_dump(exclude={"steps"}),
             "steps": each(p.runbook.recovery_steps, target, at_death),
         },
+        "recorder": _recorder(p, problems),
     }
+    try:
+        result.update(_followers(p))
+    except FatalError as exc:
+        problems.append(exc)
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
     return redactor.data(result)
+
+
+def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
+    """The flight recorder as it would run: its URL and follow command rendered."""
+    try:
+        settings = deathdata.settings_for(p)
+    except FatalError as exc:
+        problems.append(exc)
+        return None
+    if settings is None:
+        return None
+    shown = {k: v for k, v in vars(settings).items() if k != "connection"}
+    return {**shown, "file": settings.file and str(settings.file), "on": settings.connection.name}
+
+
+def _followers(p: plan.Plan) -> dict[str, Any]:
+    """The metrics textfile and the notification targets, rendered and checked."""
+    shown: dict[str, Any] = {}
+    if p.model.metrics is not None:
+        from ralph_runner import metrics
+
+        shown["metrics"] = {"textfile": str(metrics.textfile_path(p))}
+    config = p.model.notify
+    if config.to or config.deadman:
+        from ralph_runner import notify
+
+        targets = notify.targets(p)
+        shown["notify"] = {
+            "to": [{"url": url, "events": sorted(events)} for url, events in targets.to],
+            "deadman": targets.deadman,
+            "timeout": config.timeout,
+            "retries": config.retries,
+        }
+    return shown
 
 
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
