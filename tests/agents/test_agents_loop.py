@@ -1,0 +1,128 @@
+"""opencode, codex and aider, the real binaries, drive a real ralph-run loop on the stand-in.
+
+Each test runs one agent through the shipped recipe against the scripted stand-in and checks
+what an operator would look at: the exit code, the checklist, the commits, the work tree, the
+death records, the strikes, and that no process of the run is left. Faults are set when the
+run's own state says the agent is at work (its first request moved the stand-in's token
+counters), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+from agent_helpers import AgentScenario, ended, wait_all_gone
+
+AGENTS = ["opencode", "codex", "aider"]
+ITEM = "create hello.txt saying hello"
+SLOW = 5  # tokens per second: every answer takes seconds to stream
+SCRIPT = {"items": [{"match": "hello.txt", "files": {"hello.txt": "hello\n"}}]}
+
+pytestmark = pytest.mark.timeout(300)
+
+MakeScenario = Callable[[str], AgentScenario]
+
+
+def assert_item_done(scenario: AgentScenario, run, code: int) -> None:
+    """Exit 0, the item ticked, its file written, all of it committed, no strike."""
+    assert code == 0, (run.events, run.stderr)
+    assert scenario.marks() == ["x"], scenario.checklist()
+    assert (scenario.workspace / "hello.txt").read_text() == "hello\n"
+    assert scenario.commits()[0] == f"done: {ITEM}", scenario.commits()
+    assert scenario.dirty() == ""
+    assert not run.of("strike") and not run.of("skip"), run.events
+    assert scenario.state()["strikes"] == {}
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_agent_does_the_item_and_commits(agent_scenario: MakeScenario, agent: str) -> None:
+    scenario = agent_scenario(agent).prepare_agent([ITEM], SCRIPT)
+    run = scenario.start()
+    code = run.wait(240)
+
+    assert_item_done(scenario, run, code)
+    assert scenario.records("death") == []
+    scenario.assert_nothing_left()
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_hang_during_the_agents_call_kills_its_whole_tree(
+    agent_scenario: MakeScenario, agent: str
+) -> None:
+    scenario = agent_scenario(agent).prepare_agent([ITEM], SCRIPT)
+    scenario.standin.trigger(tokens_per_second=SLOW)  # the agent is in its call for seconds
+    run = scenario.start()
+    scenario.wait_agent_asked()
+    tree = scenario.wait_agent_running(run.process.pid)
+    hung = time.time()
+    scenario.standin.trigger(hang=True)
+
+    killed = run.wait_event("step-done", timeout=60, step=scenario.step, killed=True)
+    # watch 0.5 s + 2 rounds x probe timeout 2 s + interval 0.2 s, then the kill; room for load
+    assert killed["time"] - hung < 15
+    wait_all_gone(tree, 10)
+    death = run.wait_event("death")
+    assert death["phase"] == "during-step"
+
+    assert_item_done(scenario, run, run.wait(240))  # retried after recovery: done
+    (record,) = scenario.records("death")
+    assert (record["phase"], record["item"]["text"]) == ("during-step", ITEM)
+    assert [e["item"] for e in run.of("retry")] == [ITEM]
+    scenario.assert_nothing_left()
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_death_during_the_agents_call_is_recorded_and_retried_without_a_strike(
+    agent_scenario: MakeScenario, agent: str
+) -> None:
+    scenario = agent_scenario(agent).prepare_agent([ITEM], SCRIPT)
+    # The agent's first request (every agent's prompt is longer than this) kills the server the
+    # way vLLM's engine dies; the restarted server is healthy.
+    scenario.standin.trigger(die_on_prompt_chars=500)
+    run = scenario.start()
+
+    death = run.wait_event("death", timeout=120)
+    # The watch usually sees it first; an agent that gives up at once is seen at post-step.
+    assert death["phase"] in ("during-step", "post-step"), death
+    assert_item_done(scenario, run, run.wait(240))
+    (record,) = scenario.records("death")
+    assert record["item"]["text"] == ITEM
+    (recovery,) = scenario.records("recovery")
+    assert recovery["recovered"] is True
+    assert [e["item"] for e in run.of("iteration")] == [ITEM, ITEM]
+    scenario.assert_nothing_left()
+
+
+def test_aiders_housekeeping_is_no_strike(agent_scenario: MakeScenario) -> None:
+    """A plain aider line (no exclude step, no --no-gitignore): aider appends `.aider*` to
+    .gitignore without committing it and leaves its .aider* files; the work is still done."""
+    scenario = agent_scenario("aider").prepare_agent([ITEM], SCRIPT, recipe=False)
+    run = scenario.start()
+    code = run.wait(240)
+
+    assert code == 0, (run.events, run.stderr)
+    assert scenario.marks() == ["x"], scenario.checklist()
+    assert (scenario.workspace / ".aider.chat.history.md").exists()
+    assert ".aider*" in (scenario.workspace / ".gitignore").read_text()
+    assert not run.of("strike") and not run.of("skip"), run.events
+    assert scenario.state()["strikes"] == {}
+    scenario.assert_nothing_left()
+
+
+def test_opencode_dies_with_a_killed_ralph_run(agent_scenario: MakeScenario) -> None:
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    scenario.standin.trigger(tokens_per_second=SLOW)
+    run = scenario.start()
+    scenario.wait_agent_asked()
+    tree = scenario.wait_agent_running(run.process.pid)
+    scenario.standin.trigger(hang=True)  # opencode stays in its call, whatever the timing
+    assert not any(ended(p) for p in tree)
+
+    run.process.send_signal(signal.SIGKILL)
+    run.process.wait(10)
+    seconds = wait_all_gone(tree, 5)
+    assert seconds <= 1.0, f"opencode's tree took {seconds:.2f} s to end"
+    scenario.assert_nothing_left()
