@@ -97,18 +97,19 @@ def test_a_death_during_the_agents_call_is_recorded_and_retried_without_a_strike
 
 
 def test_aiders_housekeeping_is_no_strike(agent_scenario: MakeScenario) -> None:
-    """A plain aider line (no exclude step, no --no-gitignore): aider appends `.aider*` to
-    .gitignore without committing it and leaves its .aider* files; the work is still done."""
+    """A plain aider line (not the recipe: no --no-gitignore): aider leaves its .aider* files in
+    the repo and would append `.aider*` to .gitignore, uncommitted; the work is still done."""
     scenario = agent_scenario("aider").prepare_agent([ITEM], SCRIPT, recipe=False)
     run = scenario.start()
     code = run.wait(240)
 
-    assert code == 0, (run.events, run.stderr)
-    assert scenario.marks() == ["x"], scenario.checklist()
+    assert_item_done(scenario, run, code)
     assert (scenario.workspace / ".aider.chat.history.md").exists()
-    assert ".aider*" in (scenario.workspace / ".gitignore").read_text()
-    assert not run.of("strike") and not run.of("skip"), run.events
-    assert scenario.state()["strikes"] == {}
+    assert (scenario.workspace / ".aider.tags.cache.v4").is_dir()
+    # ralph-run put `.aider*` in .git/info/exclude first, so aider saw it ignored and left
+    # .gitignore alone, and its files never show in `git status`
+    assert ".aider*" in (scenario.workspace / ".git" / "info" / "exclude").read_text()
+    assert not (scenario.workspace / ".gitignore").exists()
     scenario.assert_nothing_left()
 
 
