@@ -66,9 +66,14 @@ class Reply:
 def reply_for(api: str, request: dict, script: Path | None) -> Reply:
     """What the "model" answers. api: "chat" | "completions" | "responses"; request: the
     parsed JSON body; script: the server's --script file (None: the default reply "OK")."""
-    if script is None or api == "completions":
-        return Reply(text=DEFAULT_TEXT if script is None else load_script(script).reply)
-    plan = load_script(script)
+    if script is None:
+        return Reply(text=DEFAULT_TEXT)
+    try:
+        plan = load_script(script)
+    except ValueError as error:  # said to whoever asks: the agent prints it, a test shows it
+        return Reply(text=f"stand-in script error: {error}")
+    if api == "completions":
+        return Reply(text=plan.reply)
     talk = conversation_of(api, request)
     if "title generator" in talk.system:  # opencode names its session first
         return Reply(text=(current_item(talk) or "checklist item")[:50])
