@@ -10,13 +10,22 @@ counters), never after a sleep.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from collections.abc import Callable
 
 import pytest
 from agent_helpers import AgentScenario, ended, wait_all_gone
+from standin_helpers import ROOT, START_SCRIPT
 
 AGENTS = ["opencode", "codex", "aider"]
+# What each agent leaves in the repository besides its work (README, "Agents")
+OWN_FILES = {
+    "opencode": set(),  # and .git/opencode, its project id, inside .git
+    "codex": set(),
+    "aider": {".aider.chat.history.md", ".aider.input.history", ".aider.tags.cache.v4"},
+}
+OURS = {".git", ".ralph", "logs", "PLAN.md", "CHECKLIST.md", "hello.txt"}
 ITEM = "create hello.txt saying hello"
 SLOW = 5  # tokens per second: every answer takes seconds to stream
 SCRIPT = {"items": [{"match": "hello.txt", "files": {"hello.txt": "hello\n"}}]}
@@ -45,6 +54,9 @@ def test_the_agent_does_the_item_and_commits(agent_scenario: MakeScenario, agent
 
     assert_item_done(scenario, run, code)
     assert scenario.records("death") == []
+    left = {path.name for path in scenario.workspace.iterdir()} - OURS
+    assert left == OWN_FILES[agent]
+    assert (scenario.workspace / ".git" / "opencode").exists() == (agent == "opencode")
     scenario.assert_nothing_left()
 
 
@@ -93,6 +105,24 @@ def test_a_death_during_the_agents_call_is_recorded_and_retried_without_a_strike
     (recovery,) = scenario.records("recovery")
     assert recovery["recovered"] is True
     assert [e["item"] for e in run.of("iteration")] == [ITEM, ITEM]
+    scenario.assert_nothing_left()
+
+
+def test_runbooks_vllm_yaml_as_shipped_drives_opencode(agent_scenario: MakeScenario) -> None:
+    """runbooks/vllm.yaml, unchanged, with only its vars pointed at the stand-in."""
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    start_vllm = scenario.root / "start_vllm.sh"  # the seed's idempotent start script
+    standin = scenario.standin
+    start_vllm.write_text(
+        f"#!/bin/bash\nSCRIPT={scenario.script} PYTHON={sys.executable} HEALTH_TIMEOUT=1"
+        f" exec {START_SCRIPT} {standin.port} {standin.state_dir}\n"
+    )
+    start_vllm.chmod(0o755)
+    scenario.runbook_path = ROOT / "runbooks" / "vllm.yaml"
+    run = scenario.start(base_url=standin.url, model=standin.model, start_vllm=str(start_vllm))
+
+    assert_item_done(scenario, run, run.wait(240))
+    assert not run.of("death")
     scenario.assert_nothing_left()
 
 
