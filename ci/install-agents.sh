@@ -19,20 +19,25 @@ mkdir -p "$NODE_DIR"
 done_parts=()
 failed_parts=()
 
-# The installed version of an npm package, or nothing.
-npm_version() { node -p "require('./$NODE_DIR/node_modules/$1/package.json').version" 2>/dev/null; }
+# Do both binaries run and say the pinned versions?
+npm_agents_work() {
+  local bin="$NODE_DIR/node_modules/.bin"
+  [[ "$("$bin/opencode" --version 2>/dev/null)" == "${OPENCODE##*@}" ]] &&
+    [[ "$("$bin/codex" --version 2>/dev/null)" == *" ${CODEX##*@}" ]]
+}
 
 install_npm() {
-  if [ "$(npm_version opencode-ai)" = "${OPENCODE##*@}" ] &&
-    [ "$(npm_version @openai/codex)" = "${CODEX##*@}" ] &&
-    [ -x "$NODE_DIR/node_modules/.bin/opencode" ] && [ -x "$NODE_DIR/node_modules/.bin/codex" ]; then
+  if npm_agents_work; then
     done_parts+=("opencode+codex cached")
     return
   fi
   command -v npm >/dev/null || { failed_parts+=("npm not found"); return; }
   [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' >"$NODE_DIR/package.json"
-  if npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact "$OPENCODE" "$CODEX" \
-    >>"$LOG" 2>&1 && [ -x "$NODE_DIR/node_modules/.bin/opencode" ]; then
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact "$OPENCODE" "$CODEX" \
+    >>"$LOG" 2>&1
+  # opencode-ai's postinstall links the platform's binary into place; npm may skip scripts
+  npm_agents_work || (cd "$NODE_DIR/node_modules/opencode-ai" && node postinstall.mjs) >>"$LOG" 2>&1
+  if npm_agents_work; then
     done_parts+=("$OPENCODE $CODEX installed")
   else
     failed_parts+=("npm install $OPENCODE $CODEX failed (see $LOG)")
