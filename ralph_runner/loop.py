@@ -127,7 +127,12 @@ class Runner:
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
         self._preflight()
-        with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
+        with (
+            self.store.lock(),
+            _signals_raise(),
+            orphans.recorded(self.store.dir),
+            execute.watchdog(),
+        ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
             state.exclude_from_git(

@@ -287,5 +287,7 @@ def test_every_event_has_a_human_line():
     source = Path(failures.__file__).parent
     kinds = set()
     for module in source.rglob("*.py"):
+        if "standin" in module.parts:  # the stand-in server's own SSE events, not ours
+            continue
         kinds |= set(re.findall(r"\b(?:event|emit)\(\s*\"([a-z-]+)\"", module.read_text()))
     assert kinds and kinds <= set(HUMAN), sorted(kinds - set(HUMAN))

@@ -419,13 +419,14 @@ def test_kill_9_then_restart_resumes_with_the_same_counters(loop):
     process.communicate(timeout=10)
     lock = loop.work / ".ralph" / "lock"
     assert lock.read_text().strip() == str(process.pid)  # the stale lock of the killed run
-    assert marked(loop.marker)  # nothing can clean up at SIGKILL: the agent lives on ...
+    # the agent's tree dies with ralph-run (test_agent_tree.py measures how fast)
+    wait_for(lambda: not marked(loop.marker), 5, "the agent's tree to be gone")
 
     status = loop.command("status", str(loop.work))
     assert status.returncode == 0, status.stderr
     assert f"not running: pid {process.pid} is gone" in status.stdout
 
-    restarted = loop.run()  # ... until the next run clears the trees the killed one recorded
+    restarted = loop.run()
     assert restarted.returncode == 0, restarted.stderr
     assert not marked(loop.marker)
     all_events = events(restarted.stdout)
