@@ -19,6 +19,7 @@ the server keeps no state between requests, as a real model. The script file (YA
     reply: OK                      # the answer to every request that is not an agent's
     items:                         # the first entry whose `match` is in the item text wins
       - match: hello
+        shell: make test               # a command a tool-calling agent runs first
         files: {hello.txt: "hello\\n"}   # written besides the tick; default: SLUG.txt
         tick: true                     # false: leave the checklist alone
         commit: true                   # false: edit, but never commit
@@ -42,7 +43,7 @@ import yaml
 
 DEFAULT_TEXT = "OK"
 SCRIPT_KEYS = {"checklist", "reply", "items"}
-ITEM_KEYS = {"match", "files", "tick", "commit"}
+ITEM_KEYS = {"match", "shell", "files", "tick", "commit"}
 SHELL_TOOLS = ("bash", "exec_command", "shell_command", "shell")  # opencode, codex, older codex
 PROMPT_ITEM = re.compile(r"commit:\s*(.+)")
 UNCHECKED = re.compile(r"^[ \t]*(?:\d+: )?- \[ \] (.+?)\s*$", re.MULTILINE)
@@ -96,6 +97,7 @@ class ItemPlan:
 
     item: str
     files: dict[str, str]
+    shell: str | None = None
     tick: bool = True
     commit: bool = True
 
@@ -114,6 +116,7 @@ class Script:
         return ItemPlan(
             item=item,
             files={str(path): str(text) for path, text in files.items()},
+            shell=None if entry.get("shell") is None else str(entry["shell"]),
             tick=bool(entry.get("tick", True)),
             commit=bool(entry.get("commit", True)),
         )
@@ -295,6 +298,8 @@ def tool_steps(
     """The agent's tool calls for one item, in order, with the tools it offers."""
     workdir = workdir_of(talk)
     steps: list[tuple[str, dict[str, Any]]] = []
+    if plan.shell is not None:
+        steps.append((shell, shell_arguments(shell, plan.shell, workdir)))
     if {"read", "edit", "write"} <= talk.tools:  # opencode: its own file tools
         path = absolute(workdir, checklist)
         if plan.tick:

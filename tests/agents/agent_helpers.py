@@ -60,6 +60,9 @@ def isolate_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (home / sub).mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(name, str(home / sub))
     monkeypatch.setenv("HOME", str(home))
+    # opencode npm-installs its plugin SDK into every config dir at start (a failure is only a
+    # warning): offline, so that the tests' network stays on loopback
+    monkeypatch.setenv("npm_config_offline", "true")
     monkeypatch.delenv("CODEX_HOME", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("PATH", os.pathsep.join([str(NODE_BIN), str(AIDER_BIN), os.environ["PATH"]]))
@@ -76,7 +79,7 @@ def agent_steps(agent: str, recipe: bool = True) -> list[dict[str, Any]]:
             "shell": "aider --model openai/{{ model }} --openai-api-base {{ base_url }}"
             " --edit-format whole --yes-always --no-check-update --no-analytics"
             " --message {{ prompt }} CHECKLIST.md",
-            "env": {"OPENAI_API_KEY": "none"},
+            "env": {"OPENAI_API_KEY": "none", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
             "timeout": 300,
         }
     return [
@@ -134,11 +137,31 @@ class AgentScenario(Scenario):
     # its processes
 
     def agent_tree(self, ralph_pid: int) -> list[psutil.Process]:
-        """ralph-run's descendants now: the step's shell, the agent and whatever it started."""
+        """ralph-run's descendants now but its watchdog (it lives as long as the run): the
+        step's shell, the agent and whatever the agent started."""
         try:
-            return psutil.Process(ralph_pid).children(recursive=True)
+            descendants = psutil.Process(ralph_pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        return [p for p in descendants if "ralph_runner.watchdog" not in " ".join(_cmdline(p))]
+
+    def working_in(self, command: str) -> list[psutil.Process]:
+        """Live processes running `command` with their current directory in the workspace,
+        wherever they are in the process table (an agent's background job may leave its tree)."""
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if " ".join(process.cmdline()) == command and Path(process.cwd()) == self.workspace:
+                    found.append(process)
+            except psutil.Error:
+                continue
+        return found
+
+    def step_session(self, ralph_pid: int) -> list[psutil.Process]:
+        """Every live process in the session ralph-run started the agent's step in."""
+        sids = {_sid(p) for p in self.agent_tree(ralph_pid) if p.ppid() == ralph_pid}
+        sids.discard(None)
+        return [p for p in psutil.process_iter() if _sid(p) in sids]
 
     def wait_agent_running(self, ralph_pid: int, timeout: float = 60) -> list[psutil.Process]:
         """The step's tree once the agent's own process runs under it."""
@@ -163,6 +186,13 @@ class AgentScenario(Scenario):
     def wait_agent_asked(self, timeout: float = 90) -> None:
         """Until the agent's first request reached the "model" (the token counters moved)."""
         wait_for(lambda: self.generated_tokens() > 0, timeout, f"{self.agent}'s first request")
+
+
+def _sid(process: psutil.Process) -> int | None:
+    try:
+        return os.getsid(process.pid)
+    except OSError:
+        return None
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

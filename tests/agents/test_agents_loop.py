@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 from agent_helpers import AgentScenario, ended, wait_all_gone
-from standin_helpers import ROOT, START_SCRIPT
+from standin_helpers import ROOT, START_SCRIPT, wait_for
 
 AGENTS = ["opencode", "codex", "aider"]
 # What each agent leaves in the repository besides its work (README, "Agents")
@@ -68,14 +68,16 @@ def test_a_hang_during_the_agents_call_kills_its_whole_tree(
     scenario.standin.trigger(tokens_per_second=SLOW)  # the agent is in its call for seconds
     run = scenario.start()
     scenario.wait_agent_asked()
-    tree = scenario.wait_agent_running(run.process.pid)
+    scenario.wait_agent_running(run.process.pid)
+    tree = scenario.agent_tree(run.process.pid)
+    session = scenario.step_session(run.process.pid)
     hung = time.time()
     scenario.standin.trigger(hang=True)
 
     killed = run.wait_event("step-done", timeout=60, step=scenario.step, killed=True)
     # watch 0.5 s + 2 rounds x probe timeout 2 s + interval 0.2 s, then the kill; room for load
     assert killed["time"] - hung < 15
-    wait_all_gone(tree, 10)
+    wait_all_gone([*tree, *session], 10)
     death = run.wait_event("death")
     assert death["phase"] == "during-step"
 
@@ -144,16 +146,22 @@ def test_aiders_housekeeping_is_no_strike(agent_scenario: MakeScenario) -> None:
 
 
 def test_opencode_dies_with_a_killed_ralph_run(agent_scenario: MakeScenario) -> None:
-    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
-    scenario.standin.trigger(tokens_per_second=SLOW)
+    """kill -9 of ralph-run while opencode runs a tool: opencode, the tool's shell and its
+    child all end within 1 s."""
+    scenario = agent_scenario("opencode")
+    script = {"items": [{**SCRIPT["items"][0], "shell": "sleep 60"}]}
+    scenario.prepare_agent([ITEM], script)
     run = scenario.start()
-    scenario.wait_agent_asked()
-    tree = scenario.wait_agent_running(run.process.pid)
-    scenario.standin.trigger(hang=True)  # opencode stays in its call, whatever the timing
+    sleeping = wait_for(lambda: scenario.working_in("sleep 60"), 120, "opencode's tool running")
+    tree = scenario.agent_tree(run.process.pid)
+    assert {p.pid for p in sleeping} <= {p.pid for p in tree}  # opencode -> bash -> sleep
     assert not any(ended(p) for p in tree)
 
+    killed = time.monotonic()
     run.process.send_signal(signal.SIGKILL)
+    wait_all_gone(tree, 5)
+    seconds = time.monotonic() - killed
     run.process.wait(10)
-    seconds = wait_all_gone(tree, 5)
+    print(f"opencode's tree ({len(tree)} processes) ended {seconds:.3f} s after kill -9")
     assert seconds <= 1.0, f"opencode's tree took {seconds:.2f} s to end"
     scenario.assert_nothing_left()
