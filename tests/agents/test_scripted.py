@@ -174,3 +174,14 @@ def test_a_bad_script_is_said_in_the_answer_naming_the_file(tmp_path: Path) -> N
         load_script(bad)
     reply = reply_for("chat", opencode_request([]), bad)
     assert reply.text.startswith("stand-in script error: ") and "itemz" in reply.text
+
+
+def test_an_items_shell_command_is_the_first_tool_call(tmp_path: Path) -> None:
+    path = tmp_path / "script.yaml"
+    path.write_text("items:\n  - {match: road, shell: make test, files: {}}\n")
+    first = reply_for("responses", codex_request([]), path).tool_calls[0]
+    assert json.loads(first.arguments) == {"cmd": "make test", "workdir": "/w"}
+    (second,) = reply_for(
+        "responses", codex_request(["Process exited with code 0"]), path
+    ).tool_calls
+    assert "awk" in json.loads(second.arguments)["cmd"]  # then the tick
