@@ -122,9 +122,6 @@ class Service:
             return recovery.Outcome(False, 0, 0.0, reason)
         group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
 
-        def on_step(attempt, spec):
-            self.emit("recovery-step", attempt=attempt, step=spec.name)
-
         return recovery.recover(
             self.config,
             self.plan.runbook.recovery_steps,
@@ -132,7 +129,7 @@ class Service:
             variables,
             self.health,
             self.stop,
-            on_step,
+            self.emit,
         )
 
 

@@ -27,8 +27,12 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
         c["name"]: next(v for k, v in c.items() if k != "name")
         for c in plan["diagnostics"]["collect"]
     }
-    assert commands["docker container status"] == (
-        "docker ps -a --filter name=vllm-spark-head --format '{{.Status}} / {{.RunningFor}}'"
+    assert commands["docker container status"].startswith(
+        "status=$(docker ps -a --filter 'name=^vllm-spark-head$'"
+        " --format '{{.Status}} / {{.RunningFor}}')"
+    )
+    assert commands["container exit state"].startswith(
+        "docker inspect --format '{{.State.Status}}, exit code {{.State.ExitCode}}"
     )
     assert commands["container log (last lines)"] == "docker logs --tail 60 vllm-spark-head 2>&1"
     steps = {step["name"]: step for step in plan["recovery"]["steps"]}

@@ -87,22 +87,18 @@ class VllmLog:
             self.record("ERROR", "core.py:1512", line, process="EngineCore")
 
     def engine_core_exited(self) -> None:
-        """The API server's side of an EngineCore that is gone (killed, or failed as above)."""
+        """The API server's side of an EngineCore that is gone (killed, or failed as above);
+        vLLM prints a traceback between the last two lines, left out here to keep the
+        captured tail short."""
         self.record(
             "WARNING",
             "core_client.py:817",
             "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
         )
-        for line in (
-            "AsyncLLM output_handler failed.",
-            "Traceback (most recent call last):",
-            f'  File "{SITE}/v1/engine/async_llm.py", line 850, in output_handler',
-            "    outputs = await engine_core.get_output_async()",
-            f'  File "{SITE}/v1/engine/core_client.py", line 1012, in get_output_async',
-            "    raise self._format_exception(outputs) from None",
-            f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}",
-        ):
-            self.record("ERROR", "async_llm.py:906", line)
+        self.record("ERROR", "async_llm.py:906", "AsyncLLM output_handler failed.")
+        self.record(
+            "ERROR", "async_llm.py:906", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"
+        )
 
     def legacy_death(self, blocks: int) -> None:
         """The stand-in's first death shape (`die`): the assertion, then EngineDeadError."""
