@@ -173,19 +173,19 @@ class AgentScenario(Scenario):
 
         return wait_for(running, timeout, f"{self.agent} running under ralph-run")
 
-    def generated_tokens(self) -> float:
-        """The stand-in's prompt + generation token counters: they move once the agent asks."""
+    def prompt_tokens(self) -> float:
+        """The stand-in's prompt token counter (summed over its label sets)."""
         text = httpx.get(f"{self.standin.root_url}/metrics", timeout=3).text
         total = 0.0
         for line in text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+            if line.split("{", 1)[0].split(" ", 1)[0] == "vllm:prompt_tokens_total":
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
     def wait_agent_asked(self, timeout: float = 90) -> None:
-        """Until the agent's first request reached the "model" (the token counters moved)."""
-        wait_for(lambda: self.generated_tokens() > 0, timeout, f"{self.agent}'s first request")
+        """Until the agent's first request reached the "model": its prompt (hundreds to
+        thousands of tokens; a probe's canary has one) moved the prompt counter past 500."""
+        wait_for(lambda: self.prompt_tokens() > 500, timeout, f"{self.agent}'s first request")
 
 
 def _sid(process: psutil.Process) -> int | None:

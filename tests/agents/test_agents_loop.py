@@ -110,9 +110,8 @@ def test_a_death_during_the_agents_call_is_recorded_and_retried_without_a_strike
     scenario.assert_nothing_left()
 
 
-def test_runbooks_vllm_yaml_as_shipped_drives_opencode(agent_scenario: MakeScenario) -> None:
+def start_vllm_yaml(scenario: AgentScenario, **extra: object):
     """runbooks/vllm.yaml, unchanged, with only its vars pointed at the stand-in."""
-    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
     start_vllm = scenario.root / "start_vllm.sh"  # the seed's idempotent start script
     standin = scenario.standin
     start_vllm.write_text(
@@ -121,10 +120,39 @@ def test_runbooks_vllm_yaml_as_shipped_drives_opencode(agent_scenario: MakeScena
     )
     start_vllm.chmod(0o755)
     scenario.runbook_path = ROOT / "runbooks" / "vllm.yaml"
-    run = scenario.start(base_url=standin.url, model=standin.model, start_vllm=str(start_vllm))
+    facts = {"base_url": standin.url, "model": standin.model, "start_vllm": str(start_vllm)}
+    return scenario.start(**facts, **extra)
+
+
+def test_runbooks_vllm_yaml_as_shipped_drives_opencode(agent_scenario: MakeScenario) -> None:
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    run = start_vllm_yaml(scenario)
 
     assert_item_done(scenario, run, run.wait(240))
     assert not run.of("death")
+    scenario.assert_nothing_left()
+
+
+def test_runbooks_vllm_yaml_finds_an_engine_hang_during_opencodes_call(
+    agent_scenario: MakeScenario,
+) -> None:
+    """vLLM's engine hang (/health, /v1/models, /metrics 200; the stream stops) while opencode
+    waits for its answer: vllm.yaml's progress probe sees the counters stop, the watch kills
+    opencode, the start script replaces the hung server, the item is retried and done."""
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    scenario.standin.trigger(tokens_per_second=SLOW)
+    run = start_vllm_yaml(scenario, stall_after=3)
+    scenario.wait_agent_asked()
+    tree = scenario.agent_tree(run.process.pid)
+    scenario.standin.trigger(engine_hang=True)
+
+    killed = run.wait_event("step-done", timeout=90, step="run opencode", killed=True)
+    wait_all_gone(tree, 10)
+    death = run.wait_event("death")
+    assert death["phase"] == "during-step"
+    assert "stalled" in death["reason"], death
+    assert_item_done(scenario, run, run.wait(240))
+    assert killed["seconds"] < 300  # the watch, not the step's timeout
     scenario.assert_nothing_left()
 
 
