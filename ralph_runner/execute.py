@@ -295,8 +295,11 @@ def _dies_with(parent: int, watchdog_fd: int | None) -> Callable[[], None] | Non
 
     def die_with_parent() -> None:
         if watchdog_fd is not None:
-            with contextlib.suppress(OSError):  # a full pipe: the running-tree record remains
+            # sh restored SIGPIPE's default already: a dead watchdog must not kill us here
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            with contextlib.suppress(OSError):  # full or dead: the running-tree record remains
                 os.write(watchdog_fd, f"+{os.getpid()}\n".encode("ascii"))
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             os.close(watchdog_fd)
         _LIBC.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != parent:

@@ -180,3 +180,12 @@ def test_the_watchdog_kills_registered_trees_when_its_pipe_closes(tmp_path):
         holder.wait(10)
         for process in marked(marker):
             process.kill()
+
+
+def test_commands_still_run_when_the_watchdog_is_gone():
+    with execute.watchdog():
+        dog = psutil.Process(execute._watchdog.process.pid)
+        dog.kill()
+        wait_for(lambda: dog.status() == psutil.STATUS_ZOMBIE or not dog.is_running(), 5, "gone")
+        results = [execute.shell("echo still here") for _ in range(2)]
+    assert [(r.exit_code, r.output) for r in results] == [(0, "still here\n")] * 2
