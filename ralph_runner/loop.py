@@ -36,6 +36,7 @@ from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
 FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up", "agent-broken"}
+SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
 
 
@@ -254,9 +255,10 @@ class Runner:
                 failed = self._step_record(spec, result)
                 self.failed_step = failed
         if failed and st.deaths == deaths_before and self.plan.runbook.probes:
-            # A dying server may still answer for a moment after failing the agent's call:
-            # look again one `interval` later before blaming the item.
-            self.stop.wait(self.model.health.interval)
+            # A dying server may still answer for a moment after failing the agent's call
+            # (vLLM's /v1/models answers 200 for ~0.3 s after its engine died, then the API
+            # server exits): look again, at least SETTLE s later, before blaming the item.
+            self.stop.wait(max(self.model.health.interval, SETTLE))
             self._ensure_alive("after-failure")
         died = st.deaths > deaths_before
         # What verify saw is the next iteration's start, unless something ran after it.

@@ -167,6 +167,26 @@ def test_a_failed_start_is_retried_and_the_second_attempt_recovers(scenario: Sce
     scenario.assert_nothing_left()
 
 
+def test_an_engine_death_behind_a_models_probe_still_costs_no_strike(scenario: Scenario) -> None:
+    """vLLM's /v1/models answers 200 for a moment after its engine died: the agent fails at
+    once, post-step sees "healthy", and only the after-failure look sees the server gone.
+    (0.6 s here, twice what vLLM measured, so that a look one `interval` later is too soon.)"""
+    scenario.prepare(ITEMS, agent_sleep="0.3")
+    scenario.standin.stop()
+    scenario.standin.start(HEALTH_TIMEOUT="1", SHUTDOWN_DELAY="0.6")
+    run = scenario.start()
+
+    run.wait_agent(2)
+    scenario.standin.trigger(engine_death=True)
+
+    assert run.wait() == 0, run.stderr
+    (death,) = scenario.records("death")
+    assert death["phase"] in ("after-failure", "post-step", "during-step")
+    assert scenario.marks() == ["x"] * len(ITEMS)
+    assert_no_strikes(scenario, run)
+    scenario.assert_nothing_left()
+
+
 def test_an_engine_dead_503_with_the_process_alive_is_a_death(scenario: Scenario) -> None:
     scenario.prepare(ITEMS, agent_sleep="0.3")
     run = scenario.start()
