@@ -20,6 +20,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     Tag,
+    TypeAdapter,
     ValidationError,
     create_model,
     model_validator,
@@ -40,15 +41,29 @@ def _exactly_one(kinds: dict[str, Any], what: str):
     def check(cls: type, data: Any) -> Any:
         if isinstance(data, dict):
             found = [key for key in data if key in kinds]
-            if not found and any(key not in cls.model_fields for key in data):
+            keywords = {field.alias or name for name, field in cls.model_fields.items()}
+            if not found and any(key not in keywords for key in data):
                 return data  # an unknown key (a typo of an action?) gets its own did-you-mean
             if len(found) != 1:
                 names = ", ".join(sorted(kinds))
                 got = " and ".join(found) if found else "none"
                 raise ValueError(f"a {what} needs exactly one of: {names} (found {got})")
+            if data[found[0]] is None:  # `shell:` with nothing after it
+                return {**data, found[0]: _empty_value(found[0], kinds[found[0]].Params)}
         return data
 
     return model_validator(mode="before")(classmethod(check))
+
+
+def _empty_value(key: str, params: Any) -> Any:
+    """What a kind's key left empty means: its defaults (a model), or an error naming it."""
+    if isinstance(params, type) and issubclass(params, BaseModel):
+        return {}
+    try:
+        TypeAdapter(params).validate_python(None)
+    except ValidationError:
+        raise ValueError(f"{key!r} needs a value") from None
+    return None
 
 
 _TASK_KEYWORDS: dict[str, Any] = {
@@ -207,7 +222,7 @@ def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, .
     for i, part in enumerate(loc):
         last = i == len(loc) - 1
         in_dict = isinstance(data, dict) and part in data
-        in_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
         if in_dict or in_list:
             path.append(part)
             data = data[part]
@@ -222,6 +237,8 @@ def _message(error: dict[str, Any], path: tuple[str | int, ...], known: set[str]
         key = path[-1]
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
+        if close and close[0] == key:
+            hint = "; it is a key elsewhere, not here"
         return f"unknown key {key!r}{hint}"
     if kind == "missing":
         return "required key is missing"

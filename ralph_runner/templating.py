@@ -47,6 +47,7 @@ import yaml
 from jinja2 import (
     ChainableUndefined,
     StrictUndefined,
+    Template,
     TemplateError,
     TemplateRuntimeError,
     TemplateSyntaxError,
@@ -67,6 +68,7 @@ _LONE_EXPRESSION = re.compile(r"\s*\{\{[-+]?(?P<expression>.*?)-?\}\}\s*", re.DO
 # Filters and tests whose use shows the template expects a name may be missing.
 _GUARDS = {"default", "d", "mandatory", "defined", "undefined"}
 _ERROR_OUTPUT_CHARS = 2000  # of a failed pipe lookup's output, in its error message
+_CACHED_TEMPLATES = 512  # compiled templates kept per Templar (a runbook has tens)
 
 
 class _RawShell(str):
@@ -251,6 +253,7 @@ class Templar:
         self.check = check
         self._text = self._environment(finalize=_text)
         self._shell = self._environment(finalize=_shell_word)
+        self._cache: dict[tuple[bool, str], Template] = {}
         self._lookups: dict[str, Callable[..., str]] = {
             "file": self._file,
             "env": _env,
@@ -271,7 +274,7 @@ class Templar:
         """
         environment = self._shell if shell else self._text
         with _reported(where, text):
-            return environment.from_string(text).render(variables)
+            return self._compiled(environment, text).render(variables)
 
     def render_data(
         self, data: Any, variables: Mapping[str, Any], *, where: Problem | None = None
@@ -334,6 +337,16 @@ class Templar:
         return used - guarded - set(variables) - set(self._text.globals)
 
     # ---- internals ---------------------------------------------------------------------
+
+    def _compiled(self, environment: ImmutableSandboxedEnvironment, text: str) -> Template:
+        """The compiled template: a loop renders the same few templates every iteration."""
+        key = (environment is self._shell, text)
+        template = self._cache.get(key)
+        if template is None:
+            if len(self._cache) >= _CACHED_TEMPLATES:
+                self._cache.clear()
+            template = self._cache[key] = environment.from_string(text)
+        return template
 
     def _environment(self, finalize: Callable[[Any], Any]) -> ImmutableSandboxedEnvironment:
         environment = ImmutableSandboxedEnvironment(

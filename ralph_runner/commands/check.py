@@ -18,6 +18,7 @@ from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if installed: 10x faster
 
 
 def main(args: argparse.Namespace) -> int:
@@ -27,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
     else:
         for one in rendered:
-            print(yaml.safe_dump(one, sort_keys=False, allow_unicode=True, width=100))
+            print(yaml.dump(one, Dumper=_DUMPER, sort_keys=False, allow_unicode=True, width=100))
     return 0
 
 
@@ -90,7 +91,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     }
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
-    return redactor.data(result)
+    return redactor.data(_plain(result))
 
 
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
@@ -114,6 +115,22 @@ def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
         "prompt_size": 0,
         "prompt_bytes": 0,
     }
+
+
+def _plain(value: Any) -> Any:
+    """Data YAML and JSON can print: a variable may render to anything (`{{ range }}` is a
+    function), which the plan shows as text rather than failing to print."""
+    if isinstance(value, dict):
+        return {_plain_key(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _plain_key(key: Any) -> Any:
+    return key if isinstance(key, str | int | float | bool) else str(key)
 
 
 def _dump(params: Any) -> Any:
