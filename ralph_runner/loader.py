@@ -6,13 +6,13 @@ runtime error months later still points at the line to fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from ralph_runner import schema, yamlfile
+from ralph_runner import actions, schema, yamlfile
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.yamlfile import Document
 
@@ -21,16 +21,28 @@ SHIPPED_COLLECTORS = Path(__file__).parent / "collectors"
 
 @dataclass
 class TaskSpec:
-    """One task, ready to run: its model, its action kind, where it was written, set vars."""
+    """One task, ready to run: its model, its action kind, where it was written, set vars.
+
+    `where` is the action's key (`shell:`), the place of the template most errors are about;
+    `at("when")` is the place of another keyword of the task.
+    """
 
     task: BaseModel
     kind: str
     where: Problem
     vars: dict[str, Any] = field(default_factory=dict)
+    document: Document | None = None
+    path: tuple = ()
 
     @property
     def name(self) -> str:
         return self.task.name or f"{self.kind}"
+
+    def at(self, key: str) -> Problem:
+        """Where the task's `key` is written (the task itself if it has no such key)."""
+        if self.document is None:
+            return self.where
+        return self.document.problem((*self.path, key), "")
 
 
 @dataclass
@@ -83,15 +95,30 @@ def load(path: str | Path) -> LoadedRunbook:
         collectors=expand(model.diagnostics.collect, ("diagnostics", "collect")),
         recovery_steps=expand(model.recovery.steps, ("recovery", "steps")),
         probes=[
-            ProbeSpecRaw(
-                probe, schema.probe_kind(probe), document.problem(("health", "probes", i), "")
-            )
+            ProbeSpecRaw(probe, kind, document.problem(("health", "probes", i, kind), ""))
             for i, probe in enumerate(model.health.probes)
+            for kind in [schema.probe_kind(probe)]
         ],
     )
+    problems += _loop_only_outside_the_loop(loaded)
     if problems:
         raise FatalError(problems)
     return loaded
+
+
+def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
+    """`verify` and `ensure_alive` need the loop: in a capture or a recovery they are a
+    mistake, reported at their line (an included file's line, if it came from one)."""
+    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    return [
+        replace(
+            spec.where,
+            message=f"{spec.kind!r} is a loop step: it runs only in loop.steps, not in {section}",
+        )
+        for section, specs in sections.items()
+        for spec in specs
+        if getattr(actions.KINDS[spec.kind], "LOOP_ONLY", False)
+    ]
 
 
 def find_collector_set(name: str, runbook_dir: Path) -> Path | None:
@@ -130,8 +157,9 @@ def _expand(
                 continue
             out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
         else:
-            spot = document.problem(where, "")
-            out.append(TaskSpec(entry, schema.task_kind(entry), spot, scope))
+            kind = schema.task_kind(entry)
+            spot = document.problem((*where, kind), "")
+            out.append(TaskSpec(entry, kind, spot, scope, document, where))
     return out
 
 

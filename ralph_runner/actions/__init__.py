@@ -7,6 +7,8 @@ A module in this package is an action kind when it defines:
     def run(params, ctx: TaskContext) -> TaskResult
     def describe(params, ctx: TaskContext) -> str   # rendered, for --check; never runs anything
 
+    LOOP_ONLY: bool = False        # optional: True if it needs the loop (refused elsewhere)
+
 Adding an action kind is adding one module here: the schema and the executor find it by KEY.
 """
 
