@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, loop, plan, tasks
+from ralph_runner import checklist, crash, loop, plan, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -23,6 +23,7 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if install
 
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
+    crash.register(redactor=Redactor([s for p in plans for s in p.secret_values()]))
     rendered = [_render(p) for p in plans]
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ralph_runner import plan
+from ralph_runner import crash, plan
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import Interrupted, Runner
 from ralph_runner.output import Output
@@ -23,8 +23,10 @@ def main(args: argparse.Namespace) -> int:
     output = Output(
         json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
     )
+    runner = Runner(selected, output)
+    crash.register(runner.store, output.redactor)  # a crash marks this run and masks its secrets
     try:
-        return Runner(selected, output).run()
+        return runner.run()
     except Interrupted as exc:
         output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
         return exc.exit_code
