@@ -92,7 +92,7 @@ class Runner:
     def __init__(self, plan: Plan, output: Output) -> None:
         self.plan, self.output = plan, output
         self.model = plan.model
-        self.store = state.Store(plan.workdir)
+        self.store = state.Store(plan.workdir, output.redactor, self._warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
         self.state = state.State()
@@ -354,6 +354,9 @@ class Runner:
             self.store.write_status(self._status())
         except FatalError as exc:
             self.output.event("warning", message=f"state not saved: {exc}")
+
+    def _warn(self, message: str) -> None:
+        self.output.event("warning", message=message)
 
     def _status(self) -> dict[str, Any]:
         counts = checklist.counts(checklist.read(self.checklist_path))
