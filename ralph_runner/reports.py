@@ -59,13 +59,18 @@ class Redactor:
     def text(self, s: str) -> str:
         return BEARER.sub(r"\g<1>" + MASK, self._pattern.sub(MASK, s))
 
-    def data(self, obj: Any) -> Any:
+    def data(self, obj: Any, *, keys: bool = False) -> Any:
+        """Every string in nested data masked; `keys` too (the state keeps strikes by item
+        text), else keys are kept as they are (they are field names)."""
         if isinstance(obj, str):
             return self.text(obj)
         if isinstance(obj, dict):
-            return {key: self.data(value) for key, value in obj.items()}
+            return {
+                self.data(key) if keys else key: self.data(value, keys=keys)
+                for key, value in obj.items()
+            }
         if isinstance(obj, list | tuple):
-            return [self.data(value) for value in obj]
+            return [self.data(value, keys=keys) for value in obj]
         return obj
 
 
