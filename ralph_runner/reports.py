@@ -7,6 +7,7 @@ and a kill -9 in the middle of the write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -176,7 +177,8 @@ def append_durably(path: Path, text: str) -> None:
     """Append with one O_APPEND write and fsync; never rewrites what is there.
 
     If an earlier write was torn (kill -9), the file ends mid-line: start on a fresh line so the
-    new record does not fuse with the torn one.
+    new record does not fuse with the torn one. A write the disk cannot hold (ENOSPC half-way
+    through) is cut off again, so a full disk leaves no torn record; the caller reports it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
@@ -186,9 +188,14 @@ def append_durably(path: Path, text: str) -> None:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
     if created:
