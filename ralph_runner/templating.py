@@ -69,6 +69,8 @@ _LONE_EXPRESSION = re.compile(r"\s*\{\{[-+]?(?P<expression>.*?)-?\}\}\s*", re.DO
 _GUARDS = {"default", "d", "mandatory", "defined", "undefined"}
 _ERROR_OUTPUT_CHARS = 2000  # of a failed pipe lookup's output, in its error message
 _CACHED_TEMPLATES = 512  # compiled templates kept per Templar (a runbook has tens)
+MAX_RENDERED = 1024 * 1024  # characters of a rendered template: a prompt is under a model context
+_MAX_POWER_BITS = 4096  # `**` beyond this is no port number, only a way to exhaust memory
 
 
 class _RawShell(str):
@@ -231,6 +233,33 @@ _TESTS: dict[str, Callable[..., bool]] = {"match": _match, "search": _search}
 # ---- the templar ---------------------------------------------------------------------------
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, bounded: `'a' * 10**10` or `9 ** 9 ** 9` is an error at its
+    template, not a machine out of memory (Jinja bounds `range` alone)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                sized = isinstance(sequence, str | list | tuple) and isinstance(times, int)
+                if sized and len(sequence) * times > MAX_RENDERED:
+                    raise TemplateRuntimeError(f"'*' would make {_over(len(sequence) * times)}")
+        elif (
+            isinstance(left, int)
+            and isinstance(right, int)
+            and right > 0
+            and abs(left) > 1
+            and right * abs(left).bit_length() > _MAX_POWER_BITS
+        ):
+            raise TemplateRuntimeError(f"'**' would make a number over {_MAX_POWER_BITS:,} bits")
+        return super().call_binop(context, operator, left, right)
+
+
+def _over(size: int) -> str:
+    return f"{size:,} items or characters, over ralph-run's bound of {MAX_RENDERED:,}"
+
+
 class Templar:
     """Renders runbook templates; one per run, shared by every action.
 
@@ -274,7 +303,10 @@ class Templar:
         """
         environment = self._shell if shell else self._text
         with _reported(where, text):
-            return self._compiled(environment, text).render(variables)
+            rendered = self._compiled(environment, text).render(variables)
+            if len(rendered) > MAX_RENDERED:  # e.g. vars that double each other, in a chain
+                raise TemplateRuntimeError(f"the template renders to {_over(len(rendered))}")
+            return rendered
 
     def render_data(
         self, data: Any, variables: Mapping[str, Any], *, where: Problem | None = None
@@ -316,6 +348,8 @@ class Templar:
         with _reported(where, source):
             value = self._text.compile_expression(source, undefined_to_none=False)(variables)
             _require_defined(value)
+            if isinstance(value, str | list | tuple | dict) and len(value) > MAX_RENDERED:
+                raise TemplateRuntimeError(f"the expression gives {_over(len(value))}")
             return value
 
     def undefined_names(
@@ -338,7 +372,7 @@ class Templar:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _compiled(self, environment: ImmutableSandboxedEnvironment, text: str) -> Template:
+    def _compiled(self, environment: _Sandbox, text: str) -> Template:
         """The compiled template: a loop renders the same few templates every iteration."""
         key = (environment is self._shell, text)
         template = self._cache.get(key)
@@ -348,8 +382,8 @@ class Templar:
             template = self._cache[key] = environment.from_string(text)
         return template
 
-    def _environment(self, finalize: Callable[[Any], Any]) -> ImmutableSandboxedEnvironment:
-        environment = ImmutableSandboxedEnvironment(
+    def _environment(self, finalize: Callable[[Any], Any]) -> _Sandbox:
+        environment = _Sandbox(
             undefined=_Undefined,
             finalize=finalize,
             keep_trailing_newline=True,

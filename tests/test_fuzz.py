@@ -150,6 +150,15 @@ CRASHES = {
         f"a: &a {'[' * 40}x{']' * 40}\nb: {'[' * 40}*a{']' * 40}\n{LOOP}",
         "aliases expanded",
     ),
+    "string repetition bomb": ("vars: {x: \"{{ 'a' * 10**10 }}\"}\n" + LOOP, "'*' would make"),
+    "list repetition bomb": ('vars: {x: "{{ [1] * 10**9 }}"}\n' + LOOP, "'*' would make"),
+    "power bomb": ('vars: {x: "{{ 10 ** 100000000 }}"}\n' + LOOP, "'**' would make"),
+    "vars doubling each other": (
+        "vars:\n  a00: aaaaaaaaaaaaaaaa\n"
+        + "".join(f'  a{i:02d}: "{{{{ a{i - 1:02d} ~ a{i - 1:02d} }}}}"\n' for i in range(1, 40))
+        + LOOP,
+        "over ralph-run's bound",
+    ),
     "var renders to a function": ('vars: {f: "{{ range }}"}\n' + LOOP, None),
     "unknown tag": ("name: !python/object x\n" + LOOP, "could not determine a constructor"),
     "binary and timestamp values": ("vars: {b: !!binary aGk=, t: 2001-01-01}\n" + LOOP, None),
