@@ -98,4 +98,6 @@ class TaskContext:
         }
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")
+KINDS: dict[str, ModuleType] = plugins.discover(
+    __name__, Path(__file__).parent, "KEY", required=("Params", "run", "describe")
+)
