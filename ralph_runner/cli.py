@@ -12,9 +12,10 @@ from ralph_runner.errors import FatalError
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
 commands:
-  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
+  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [--forks N] [-e KEY=VALUE|@file] [--check]
+                [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
-  ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
+  ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
   ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
   ralph-run schema                                   the runbook language as JSON Schema
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
@@ -45,6 +46,16 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0)
 
 
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return number
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
     if command is None:
         parser = argparse.ArgumentParser(
@@ -55,6 +66,13 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         )
         _plan_options(parser)
         parser.add_argument(
+            "--forks",
+            type=_positive,
+            default=5,
+            metavar="N",
+            help="with several hosts: at most N loops at once (default 5)",
+        )
+        parser.add_argument(
             "--check",
             action="store_true",
             help="validate and print the rendered plan; run and write nothing",
@@ -64,7 +82,17 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     if command in ("probe", "diagnose"):
         _plan_options(parser)
     elif command == "status":
-        parser.add_argument("target", nargs="?", default=".", help="workdir or runbook")
+        parser.add_argument(
+            "target",
+            nargs="?",
+            default=None,
+            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
+        )
+        parser.add_argument("-i", "--inventory", help="read every host's loop over its connection")
+        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
+        parser.add_argument(
+            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
+        )
         parser.add_argument("--json", action="store_true")
     elif command == "deaths":
         parser.add_argument("target", help="runbook or .jsonl death records")

@@ -6,13 +6,14 @@ runtime error months later still points at the line to fix.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from ralph_runner import actions, schema, yamlfile
+from ralph_runner import actions, schema, templating, yamlfile
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.yamlfile import Document
 
@@ -24,25 +25,25 @@ class TaskSpec:
     """One task, ready to run: its model, its action kind, where it was written, set vars.
 
     `where` is the action's key (`shell:`), the place of the template most errors are about;
-    `at("when")` is the place of another keyword of the task.
+    `where_of("when")` is the place of another keyword of the task.
     """
 
     task: BaseModel
     kind: str
     where: Problem
     vars: dict[str, Any] = field(default_factory=dict)
-    document: Document | None = None
-    path: tuple = ()
+    document: Document | None = None  # the file it was written in, and its key path there
+    key: tuple = ()
 
     @property
     def name(self) -> str:
         return self.task.name or f"{self.kind}"
 
-    def at(self, key: str) -> Problem:
-        """Where the task's `key` is written (the task itself if it has no such key)."""
+    def where_of(self, keyword: str) -> Problem:
+        """The position of one of the task's keys (its `when`, say), for errors in its value."""
         if self.document is None:
             return self.where
-        return self.document.problem((*self.path, key), "")
+        return self.document.problem((*self.key, keyword), "")
 
 
 @dataclass
@@ -101,6 +102,7 @@ def load(path: str | Path) -> LoadedRunbook:
         ],
     )
     problems += _loop_only_outside_the_loop(loaded)
+    problems += death_field_problems(loaded.recovery_steps)
     if problems:
         raise FatalError(problems)
     return loaded
@@ -119,6 +121,24 @@ def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
         for spec in specs
         if getattr(actions.KINDS[spec.kind], "LOOP_ONLY", False)
     ]
+
+
+def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:
+    """A recovery step's `when:` may name only the fields a death has (schema.DEATH_FIELDS):
+    a typo there would silently skip (or always run) the step when the service dies."""
+    problems = []
+    for spec in specs:
+        if not isinstance(spec.task.when, str):
+            continue
+        where = spec.where_of("when")
+        for name in templating.attributes_of(spec.task.when, "death", where=where):
+            if name not in schema.DEATH_FIELDS:
+                close = difflib.get_close_matches(name, schema.DEATH_FIELDS, n=1)
+                hint = f"did you mean death.{close[0]}? " if close else ""
+                fields = ", ".join(schema.DEATH_FIELDS)
+                message = f"a death has no field {name!r}; {hint}(it has: {fields})"
+                problems.append(replace(where, message=message))
+    return problems
 
 
 def find_collector_set(name: str, runbook_dir: Path) -> Path | None:

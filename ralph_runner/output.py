@@ -57,6 +57,8 @@ class Output:
                 if render is None or (kind in VERBOSE_ONLY and not self.verbose):
                     return
                 line = render(fields, self._paint)
+                if "host" in fields:  # a fleet run: every line says whose it is
+                    line = self._paint("cyan", f"[{fields['host']}]") + " " + line
                 elapsed = time.monotonic() - self._started
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
                 if self.colour:
@@ -175,3 +177,28 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
     ),
 }
 VERBOSE_ONLY = {"step"}
+
+
+def _fleet_table(f: dict, p: Painter) -> str:
+    """The fleet's end: one row per host."""
+    header = ("host", "done", "todo", "skipped", "deaths", "exit")
+    rows = [[str(v if v is not None else "-") for v in row.values()] for row in f["hosts"]]
+    widths = [max(len(c) for c in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    return "\n".join(
+        [p("bold", lines[0]), *lines[1:], p("bold", f"fleet exit code {f['exit_code']}")]
+    )
+
+
+HUMAN.update(
+    {
+        "fleet": lambda f, p: p(
+            "bold", f"{len(f['hosts'])} hosts, {f['forks']} at a time: {', '.join(f['hosts'])}"
+        ),
+        "host-done": lambda f, p: p(
+            "green" if f["exit_code"] == 0 else "yellow", f"loop ended: exit {f['exit_code']}"
+        ),
+        "host-says": lambda f, p: f["text"],
+        "fleet-summary": _fleet_table,
+    }
+)

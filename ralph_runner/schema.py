@@ -8,7 +8,7 @@ Action kinds and probe kinds come from their packages, so adding one touches one
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -162,6 +162,11 @@ class CrashLoop(Model):
     within: PositiveFloat = 600.0
 
 
+# What recovery steps (and their `when:`) see as `death`: built by service.py, checked by the
+# loader (a `when:` naming another field is refused at its line).
+DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung")
+
+
 class Recovery(Model):
     steps: list[TaskEntry] = []
     attempts: PositiveInt = 1
@@ -177,6 +182,29 @@ class Loop(Model):
     steps: list[TaskEntry]
 
 
+class Metrics(Model):
+    """A Prometheus node_exporter textfile, rewritten atomically at each change and at exit."""
+
+    textfile: str  # e.g. /var/lib/node_exporter/textfile/ralph-{{ inventory_hostname }}.prom
+
+
+NOTIFY_EVENTS = ("death", "recovered", "gave-up", "agent-broken", "finished", "stopped")
+
+
+class NotifyTarget(Model):
+    url: str  # an Apprise URL: ntfy://, slack://, discord://, mailto://, tgram://, json://...
+    events: list[Literal[NOTIFY_EVENTS]] = ["gave-up", "agent-broken", "finished"]  # type: ignore[valid-type]
+
+
+class Notify(Model):
+    """Notifications (Apprise) and a dead man's switch; sent in the background, never blocking."""
+
+    to: list[NotifyTarget] = []
+    deadman: str | None = None  # healthchecks.io-style URL: /start, pinged each iteration, /<code>
+    timeout: PositiveFloat = 10.0  # seconds per attempt
+    retries: NonNegativeInt = 2
+
+
 class Runbook(Model):
     name: str | None = None
     hosts: str = "localhost"
@@ -188,6 +216,8 @@ class Runbook(Model):
     health: Health = Health()
     diagnostics: Diagnostics = Diagnostics()
     recovery: Recovery = Recovery()
+    metrics: Metrics | None = None
+    notify: Notify = Notify()
     loop: Loop
 
 
@@ -207,7 +237,20 @@ class TaskFile(Model):
 
 def _known_keys() -> set[str]:
     keys: set[str] = set()
-    for model in (Task, Use, Include, Probe, Checklist, Health, Diagnostics, CrashLoop, Recovery):
+    for model in (
+        Task,
+        Use,
+        Include,
+        Probe,
+        Checklist,
+        Health,
+        Diagnostics,
+        CrashLoop,
+        Recovery,
+        Metrics,
+        Notify,
+        NotifyTarget,
+    ):
         keys.update(model.model_fields)
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
     for module in (*actions.KINDS.values(), *probes.KINDS.values()):

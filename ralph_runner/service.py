@@ -63,7 +63,8 @@ class Service:
         }
         self.save()
         self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
-        variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
+        death = recovery.death_of(number, phase, iso_time(now), rounds[-1] if rounds else [])
+        variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
         self.emit("capture", collectors=len(self.plan.runbook.collectors))
         started = time.monotonic()
@@ -121,9 +122,6 @@ class Service:
             return recovery.Outcome(False, 0, 0.0, reason)
         group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
 
-        def on_step(attempt, spec):
-            self.emit("recovery-step", attempt=attempt, step=spec.name)
-
         return recovery.recover(
             self.config,
             self.plan.runbook.recovery_steps,
@@ -131,7 +129,7 @@ class Service:
             variables,
             self.health,
             self.stop,
-            on_step,
+            self.emit,
         )
 
 

@@ -37,10 +37,13 @@ def context(
     """The TaskContext of `spec`: its vars merged, env rendered, connection chosen."""
     task, plan = spec.task, group.plan
     scope = {**variables, **spec.vars}
-    scope.update(plan.templar.render_data(task.vars, scope, where=spec.at("vars")))
-    env = {k: plan.templar.render(str(v), scope, where=spec.at("env")) for k, v in task.env.items()}
+    scope.update(plan.templar.render_data(task.vars, scope, where=spec.where_of("vars")))
+    env = {
+        k: plan.templar.render(str(v), scope, where=spec.where_of("env"))
+        for k, v in task.env.items()
+    }
     delegate = task.delegate_to and plan.templar.render(
-        task.delegate_to, scope, where=spec.at("delegate_to")
+        task.delegate_to, scope, where=spec.where_of("delegate_to")
     )
     if delegate:
         conn = plan.connection_for(delegate)
@@ -72,7 +75,7 @@ def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> b
     if when is None:
         return True
     scope = {**variables, **spec.vars}
-    return bool(group.plan.templar.evaluate(when, scope, where=spec.at("when")))
+    return bool(group.plan.templar.evaluate(when, scope, where=spec.where_of("when")))
 
 
 def run(
@@ -101,7 +104,7 @@ def run(
                 **ctx.variables,
                 **({task.register_: result.register()} if task.register_ else {}),
             }
-            done = bool(ctx.templar.evaluate(task.until, scope, where=spec.at("until")))
+            done = bool(ctx.templar.evaluate(task.until, scope, where=spec.where_of("until")))
             result = replace(result, ok=done and not result.cancelled)
         if result.ok or result.cancelled or attempt > retries or stop.wait(task.delay):
             break

@@ -81,7 +81,8 @@ def test_two_deaths_are_recovered_and_every_item_is_done(scenario: Scenario) -> 
     for death in deaths:
         assert_died_of_its_own_log(collector_output(death, SERVER_LOG_SECTION))
         assert death["item"]["text"] in items
-        assert death["phase"] in ("during-step", "post-step", "start")
+        # after-failure: the API server answers for --shutdown-delay after its engine died
+        assert death["phase"] in ("during-step", "post-step", "after-failure", "start")
         assert [p["ok"] for p in death["probes"]] == [False]
     log = scenario.death_log()
     blocks = report_blocks(log)
@@ -149,6 +150,9 @@ def test_a_failed_start_is_retried_and_the_second_attempt_recovers(scenario: Sce
     (event,) = run.of("recovery")
     assert (event["recovered"], event["attempts"]) == (True, 2)
     assert [e["attempt"] for e in run.of("recovery-step")] == [1, 2]
+    (failed,) = run.of("recovery-failed")  # the console says why and how long it waits
+    assert (failed["attempt"], failed["retry_in"]) == (1, 0.2)
+    assert failed["reason"] == "step 'start the stand-in' failed (exit 1)"
     assert scenario.marks() == ["x"] * len(ITEMS)
     assert_no_strikes(scenario, run)
     assert scenario.standin.starts == 2

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, crash, loop, plan, tasks
+from ralph_runner import checklist, crash, fleet, loop, plan, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -24,6 +24,7 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if install
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
     crash.register(redactor=Redactor([s for p in plans for s in p.secret_values()]))
+    fleet.check_distinct(plans)
     rendered = [_render(p) for p in plans]
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
@@ -39,14 +40,14 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     variables = _iteration_vars(p)
     problems: list[FatalError] = []
 
-    def each(specs, group: tasks.TaskGroup) -> list[dict[str, Any]]:
+    def each(specs, group: tasks.TaskGroup, scope: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             try:
                 out.append(
                     {
                         "name": spec.name,
-                        spec.kind: tasks.describe(spec, group, variables),
+                        spec.kind: tasks.describe(spec, group, scope),
                         **({"when": spec.task.when} if spec.task.when is not None else {}),
                         **({"timeout": spec.task.timeout} if spec.task.timeout else {}),
                     }
@@ -55,6 +56,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
                 problems.append(exc)
         return out
 
+    at_death = {**variables, "death": recovery.SAMPLE_DEATH}  # collectors and recovery see it
     controller = tasks.TaskGroup(p, connection=p.controller(), cwd=p.workdir)
     target = tasks.TaskGroup(p, timeout=model.diagnostics.timeout)
     try:
@@ -77,22 +79,47 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         "prompt": model.prompt,
         "loop": {
             "max_iterations": model.loop.max_iterations,
-            "steps": each(p.runbook.loop_steps, controller),
+            "steps": each(p.runbook.loop_steps, controller, variables),
         },
         "health": {**model.health.model_dump(exclude={"probes"}), "probes": probes},
         "diagnostics": {
             "log": str(death_log),
             "timeout": model.diagnostics.timeout,
-            "collect": each(p.runbook.collectors, target),
+            "collect": each(p.runbook.collectors, target, at_death),
         },
         "recovery": {
             **model.recovery.model_dump(exclude={"steps"}),
-            "steps": each(p.runbook.recovery_steps, target),
+            "steps": each(p.runbook.recovery_steps, target, at_death),
         },
     }
+    try:
+        result.update(_followers(p))
+    except FatalError as exc:
+        problems.append(exc)
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
     return redactor.data(_plain(result))
+
+
+def _followers(p: plan.Plan) -> dict[str, Any]:
+    """The metrics textfile and the notification targets, rendered and checked."""
+    shown: dict[str, Any] = {}
+    if p.model.metrics is not None:
+        from ralph_runner import metrics
+
+        shown["metrics"] = {"textfile": str(metrics.textfile_path(p))}
+    config = p.model.notify
+    if config.to or config.deadman:
+        from ralph_runner import notify
+
+        targets = notify.targets(p)
+        shown["notify"] = {
+            "to": [{"url": url, "events": sorted(events)} for url, events in targets.to],
+            "deadman": targets.deadman,
+            "timeout": config.timeout,
+            "retries": config.retries,
+        }
+    return shown
 
 
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
