@@ -1,6 +1,7 @@
-"""A full filesystem under the state and log directories (issue 11, defect 2 and its goal).
+"""A full filesystem under the state, log and textfile directories (issue 11, defect 2).
 
-`.ralph/` and `logs/` of a real workspace are each a 64 KiB tmpfs, filled to the last byte at
+`.ralph/`, `logs/` and the metrics textfile directory of a real workspace are each a 64 KiB
+tmpfs, filled to the last byte at
 the start of a run or between two deaths. A real loop on the stand-in server must go on: the
 state that cannot be saved is a warning, a death record that cannot be written reaches stderr
 whole, and no file is left torn (a record cut off half-way by ENOSPC is taken back).
@@ -17,11 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e_helpers import AGENT_STEP, RalphRun, Scenario
 
 pytestmark = pytest.mark.timeout(120)
 
 TMPFS_SIZE = "64k"
+FULL = (".ralph", "logs", "textfile")  # state, death log and records, metrics textfile
 DEATH_RECORD_LINE = "ralph-run: could not write death record ("
 
 
@@ -50,12 +53,15 @@ def _fill(directory: Path) -> None:
 
 @pytest.fixture
 def full(tmp_path: Path) -> Iterator[Scenario]:
-    """A scenario whose workspace has `.ralph/` and `logs/` on two tiny tmpfs."""
+    """A scenario whose workspace has each directory of FULL on a tiny tmpfs."""
     scenario = Scenario(tmp_path)
     mounted: list[Path] = []
     try:
         scenario.prepare(["first item", "second item", "third item"], agent_sleep="0.3")
-        for name in (".ralph", "logs"):
+        document = yaml.safe_load(scenario.runbook_path.read_text())
+        document["metrics"] = {"textfile": "textfile/ralph.prom"}
+        scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        for name in FULL:
             _mount(scenario.workspace / name)
             mounted.append(scenario.workspace / name)
         yield scenario
@@ -98,6 +104,18 @@ def _own_lines(stderr: str) -> str:
     return "\n".join(line for line in stderr.splitlines() if "could not write" not in line)
 
 
+def _metric_line(line: str) -> bool:
+    """A line of the Prometheus text format: a comment, or a sample with its value."""
+    if line.startswith("#"):
+        return True
+    name, _, value = line.rpartition(" ")
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return bool(name)
+
+
 def _assert_nothing_torn(workspace: Path) -> None:
     for path in (workspace / "logs" / "deaths.jsonl", workspace / ".ralph" / "state.json"):
         if path.exists() and path.stat().st_size:
@@ -108,6 +126,10 @@ def _assert_nothing_torn(workspace: Path) -> None:
                     json.loads(line)
             else:
                 json.loads(text)
+    textfile = workspace / "textfile" / "ralph.prom"
+    if textfile.exists():
+        lines = textfile.read_text(encoding="utf-8").splitlines()
+        assert lines and all(_metric_line(line) for line in lines), lines[-5:]
     log = workspace / "logs" / "deaths.log"
     if log.exists() and log.stat().st_size:
         text = log.read_text(encoding="utf-8")
@@ -115,7 +137,7 @@ def _assert_nothing_torn(workspace: Path) -> None:
 
 
 def test_a_full_state_and_log_directory_at_start(full: Scenario) -> None:
-    for name in (".ralph", "logs"):
+    for name in FULL:
         _fill(full.workspace / name)
     run = _start(full)
     _die_during_agent(full, run, 1)
@@ -126,6 +148,7 @@ def test_a_full_state_and_log_directory_at_start(full: Scenario) -> None:
     warnings = [e["message"] for e in run.of("warning")]
     assert any("pid not written: No space left on device" in w for w in warnings), warnings
     assert any("state not saved" in w and "No space left" in w for w in warnings), warnings
+    assert any("metrics textfile" in w and "No space left" in w for w in warnings), warnings
     (death,) = _records_on_stderr(run.stderr)
     assert death["event"] == "death" and death["death"] == 1
     assert death["collectors"] and death["probes"], "the whole record, diagnostics and all"
@@ -137,7 +160,8 @@ def test_the_disk_fills_up_between_two_deaths(full: Scenario) -> None:
     run = _start(full)
     _die_during_agent(full, run, 1)  # written to disk: the log files now exist
     assert len(full.records("death")) == 1
-    for name in (".ralph", "logs"):
+    assert (full.workspace / "textfile" / "ralph.prom").exists(), "written while there is space"
+    for name in FULL:
         _fill(full.workspace / name)
     iteration = run.of("iteration")[-1]["iteration"] + 1
     _die_during_agent(full, run, iteration)
@@ -149,5 +173,5 @@ def test_the_disk_fills_up_between_two_deaths(full: Scenario) -> None:
     assert second["death"] == 2 and second["collectors"]
     assert [r["death"] for r in full.records("death")] == [1], "death 2 lives on stderr only"
     _assert_nothing_torn(full.workspace)
-    for name in (".ralph", "logs"):  # space again: the next save and death write normally
+    for name in FULL:  # space again: the next save and death write normally
         os.remove(full.workspace / name / "filler")
