@@ -42,6 +42,7 @@ def scenario(tmp_path: Path) -> Iterator[Scenario]:
 def _leaky_runbook() -> dict:
     document = runbook(variables={"api_key": SECRET})
     document["secrets"] = ["api_key"]
+    document["metrics"] = {"textfile": "metrics/ralph.prom"}
     probe = document["health"]["probes"][0]
     probe["http"]["url"] = "{{ base_url }}/models?api_key={{ api_key }}&token=" + TOKEN
     document["diagnostics"]["collect"].append(
@@ -94,6 +95,7 @@ def _written_files(workdir: Path) -> dict[str, str]:
 def test_no_secret_in_any_file_or_stream(scenario: Scenario) -> None:
     scenario.prepare([f"fix the leak of {TOKEN}"])
     scenario.runbook_path.write_text(yaml.safe_dump(_leaky_runbook(), sort_keys=False))
+    (scenario.workspace / "metrics").mkdir()
     facts = ["-e", json.dumps(scenario.facts)]
 
     streams = {"human run": _die_during_the_agent(scenario, _start(scenario, "-v"))}
@@ -120,6 +122,7 @@ def test_no_secret_in_any_file_or_stream(scenario: Scenario) -> None:
         ".ralph/status.json",
         "logs/deaths.log",
         "logs/deaths.jsonl",
+        "metrics/ralph.prom",
     } <= set(files), sorted(files)
     everything = {**{f"stream {k}": v for k, v in streams.items()}, **files}
     leaks = [name for name, text in everything.items() if SECRET in text or TOKEN in text]
