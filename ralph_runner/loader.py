@@ -28,7 +28,7 @@ class TaskSpec:
     `where_of("when")` is the place of another keyword of the task.
     """
 
-    task: BaseModel
+    task: schema.TaskKeywords
     kind: str
     where: Problem
     vars: dict[str, Any] = field(default_factory=dict)
@@ -48,7 +48,7 @@ class TaskSpec:
 
 @dataclass
 class ProbeSpecRaw:
-    probe: BaseModel
+    probe: schema.ProbeKeywords
     kind: str
     where: Problem
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from jinja2 import (
@@ -454,8 +454,11 @@ def attributes_of(expression: str, name: str, *, where: Problem | None = None) -
     source = match["expression"] if match else expression
     with _reported(where, source):
         tree = _PARSER.parse(f"{{{{ {source} }}}}")
-    found = []
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+    found: list[str] = []
+    lookups = cast(
+        "Iterator[nodes.Getattr | nodes.Getitem]", tree.find_all((nodes.Getattr, nodes.Getitem))
+    )
+    for node in lookups:
         if not (isinstance(node.node, nodes.Name) and node.node.name == name):
             continue
         if isinstance(node, nodes.Getattr):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -43,7 +43,13 @@ class Document:
         return Problem(message, self.file, line, column, key_path(tuple(path)))
 
 
-class _Bounded:
+if TYPE_CHECKING:  # a mixin of a loader: tools see the loader's methods
+    _Loader = yaml.SafeLoader
+else:
+    _Loader = object
+
+
+class _Bounded(_Loader):
     """Builds plain data from the node graph, recording each node's mark by key path.
 
     A mixin: the parser it goes with (libyaml's or PyYAML's) comes after it in the bases.
@@ -209,7 +215,7 @@ def parse(text: str, file: str) -> Document:
         raise FatalError(Problem(message, file, line, column)) from None
     except yaml.YAMLError as exc:
         raise FatalError(Problem(f"invalid YAML: {exc}", file)) from None
-    except UnicodeError as exc:  # a lone surrogate from the command line
+    except UnicodeEncodeError as exc:  # a lone surrogate from the command line
         raise FatalError(Problem(f"invalid text: {exc.reason}", file)) from None
     finally:
         if builder is not None:

@@ -77,7 +77,7 @@ class TaskContext:
     variables: Mapping[str, Any]
     templar: Templar
     connection: Connection
-    cwd: Path
+    cwd: Path | None  # None on a remote host: its login directory
     env: dict[str, str]
     timeout: float | None
     max_output: int
