@@ -143,7 +143,8 @@ class Runner:
         committing = [
             spec
             for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify" and (spec.task.verify is None or spec.task.verify.committed)
+            if spec.kind == "verify"
+            and getattr(getattr(spec.task, "verify", None), "committed", True)
         ]
         if committing and not git.is_repo(self.plan.workdir):
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"

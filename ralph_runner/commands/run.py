@@ -61,7 +61,9 @@ def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
     if selected.model.metrics is not None:
         from ralph_runner import metrics
 
-        found.append(metrics.Textfile(metrics.textfile_path(selected), selected.host, warn))
+        textfile = metrics.textfile_path(selected)
+        if textfile is not None:
+            found.append(metrics.Textfile(textfile, selected.host, warn))
     config = selected.model.notify
     if config.to or config.deadman:
         from ralph_runner import notify
