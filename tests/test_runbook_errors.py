@@ -281,3 +281,50 @@ def test_a_loop_step_in_an_included_recovery_file_is_refused_at_its_line(tmp_pat
     assert code == 2, err
     assert f"{tmp_path / 'restart.yaml'}:2:3: tasks[1].verify: 'verify' is a loop step" in err
     assert "not in recovery.steps" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "path", "names"),
+    [
+        (
+            ("    - verify: {}", "    - verify: {}\n      when: item.attemps > 1"),
+            14,
+            "when",
+            "'item'",
+        ),
+        (("    - verify: {}", "    - verify: {}\n      when: '{{ redy }}'"), 14, "when", "'redy'"),
+        (
+            ("    - verify: {}", "    - verify: {}\n      until: reslt.rc == 0"),
+            14,
+            "until",
+            "'reslt'",
+        ),
+    ],
+)
+def test_check_finds_undefined_names_in_when_and_until(tmp_path, capsys, change, line, path, names):
+    """--check renders no `when:` (it may test a result registered by an earlier step), but
+    names nothing defines are found at their line."""
+    code, runbook = run_cli(tmp_path, GOOD.replace(*change))
+    err = capsys.readouterr().err
+    if names == "'item'":  # `item` exists: only its missing field would fail, at run time
+        assert code == 0, err
+        return
+    assert code == 2, err
+    assert f"{runbook}:{line}:7: loop.steps[2].{path}: undefined variable {names}" in err, err
+
+
+def test_check_accepts_registered_results_and_guarded_names(tmp_path, capsys):
+    text = GOOD.replace(
+        "    - verify: {}",
+        "    - shell: make test\n      register: tests\n      ignore_errors: true\n"
+        "    - verify: {}\n      when: tests.rc == 0 and (gpu is defined or extra | default(1))",
+    )
+    code, _ = run_cli(tmp_path, text)
+    assert code == 0, capsys.readouterr().err
+
+
+def test_check_finds_an_undefined_name_in_the_prompt(tmp_path, capsys):
+    code, runbook = run_cli(tmp_path, GOOD + "prompt: 'Do {{ item.text }} with {{ modle }}'\n")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{runbook}:14:1: prompt: undefined variable 'modle'" in err, err

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, crash, fleet, loop, plan, recovery, tasks
-from ralph_runner.errors import FatalError
+from ralph_runner import checklist, crash, fleet, loader, loop, plan, recovery, tasks, templating
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.reports import Redactor
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
@@ -40,10 +41,13 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     variables = _iteration_vars(p)
     problems: list[FatalError] = []
 
+    registered = dict.fromkeys(_registered(p))
+
     def each(specs, group: tasks.TaskGroup, scope: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             try:
+                _check_names(p, spec, {**scope, **registered})
                 out.append(
                     {
                         "name": spec.name,
@@ -96,6 +100,10 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         result.update(_followers(p))
     except FatalError as exc:
         problems.append(exc)
+    try:
+        _require_known(p, p.model.prompt, variables, p.runbook.where(("prompt",)))
+    except FatalError as exc:
+        problems.append(exc)
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
     return redactor.data(_plain(result))
@@ -120,6 +128,31 @@ def _followers(p: plan.Plan) -> dict[str, Any]:
             "retries": config.retries,
         }
     return shown
+
+
+def _registered(p: plan.Plan) -> set[str]:
+    """Every `register:` name of the runbook: a `when:` may test a result registered before."""
+    specs = [*p.runbook.loop_steps, *p.runbook.collectors, *p.runbook.recovery_steps]
+    return {spec.task.register_ for spec in specs if spec.task.register_}
+
+
+def _check_names(p: plan.Plan, spec: loader.TaskSpec, scope: dict[str, Any]) -> None:
+    """A `when:` or `until:` naming what no variable, no iteration fact and no `register:`
+    defines would fail at the iteration that first evaluates it: fail now, at its line."""
+    scope = {**scope, **spec.vars, **spec.task.vars}
+    for keyword in ("when", "until"):
+        expression = getattr(spec.task, keyword)
+        if isinstance(expression, str):
+            text = expression if templating.has_template(expression) else f"{{{{ {expression} }}}}"
+            _require_known(p, text, scope, spec.where_of(keyword))
+
+
+def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Problem) -> None:
+    missing = sorted(p.templar.undefined_names(text, scope, where=where))
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        message = f"undefined variable {names}: no var, iteration fact or register defines it"
+        raise FatalError(replace(where, message=message))
 
 
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
