@@ -16,7 +16,8 @@ commands:
                 [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
   ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
-  ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
+  ralph-run deaths WORKDIR|RUNBOOK|RECORDS.jsonl... [--json]   what the deaths say
+  ralph-run report WORKDIR|RUNBOOK|RECORDS.jsonl... [-o FILE]  the same as one HTML page
   ralph-run schema                                   the runbook language as JSON Schema
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
 
@@ -27,7 +28,7 @@ exit codes:
   130/143 interrupted (state saved)
 """
 
-COMMANDS = ("probe", "diagnose", "status", "deaths", "schema", "demo")
+COMMANDS = ("probe", "diagnose", "status", "deaths", "report", "schema", "demo")
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
@@ -94,10 +95,16 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
         )
         parser.add_argument("--json", action="store_true")
-    elif command == "deaths":
-        parser.add_argument("target", help="runbook or .jsonl death records")
-        parser.add_argument("-i", "--inventory")
+    elif command in ("deaths", "report"):
+        parser.add_argument(
+            "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"
+        )
+        parser.add_argument("-i", "--inventory", help="a runbook's hosts: each one's records")
         parser.add_argument("-e", "--extra-vars", action="append", default=[])
+        if command == "deaths":
+            parser.add_argument("--json", action="store_true", help="the answers as one JSON")
+        else:
+            parser.add_argument("-o", "--output", default="report.html", help="the HTML file")
     elif command == "demo":
         parser.add_argument("--dir", default="demo-workspace", help="throw-away workspace")
         parser.add_argument("--json", action="store_true")

@@ -189,6 +189,28 @@ class Recovery(Model):
     crash_loop: CrashLoop = CrashLoop()
 
 
+class Recorder(Model):
+    """The flight recorder (README "Deaths as data"): what led up to a death, kept on disk."""
+
+    url: str | None = None  # the server's Prometheus /metrics
+    metrics: list[str] = []  # the metric names sampled from it
+    period: PositiveFloat = 5.0  # seconds between samples
+    gpu: bool = True  # GPU memory through NVML, when this machine has a driver
+    follow: str | None = None  # a command that prints the server log as it grows
+    file: str | None = None  # or a log file (relative to the workdir), read as it grows
+    window: PositiveFloat = 600.0  # seconds of samples and log lines put into a death record
+    max_lines: PositiveInt = 2000  # log lines of the window kept in a record (the last ones)
+    max_mb: float = Field(16.0, ge=0.5)  # bound of .ralph/recorder/ on disk
+
+    @model_validator(mode="after")
+    def _one_log_source(self) -> Recorder:
+        if self.follow is not None and self.file is not None:
+            raise ValueError("a recorder follows one log: give `follow` or `file`, not both")
+        if self.metrics and self.url is None:
+            raise ValueError("`metrics` needs the `url` of the server's /metrics")
+        return self
+
+
 class Loop(Model):
     max_iterations: NonNegativeInt = 0
     steps: list[TaskEntry]
@@ -230,6 +252,7 @@ class Runbook(Model):
     recovery: Recovery = Recovery()
     metrics: Metrics | None = None
     notify: Notify = Notify()
+    recorder: Recorder | None = None
     loop: Loop
 
 
@@ -262,6 +285,7 @@ def _known_keys() -> set[str]:
         Metrics,
         Notify,
         NotifyTarget,
+        Recorder,
     ):
         keys.update(model.model_fields)
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ralph_runner import diagnostics, recovery, tasks
+from ralph_runner import deathdata, diagnostics, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.health import Health
 from ralph_runner.plan import Plan
@@ -83,6 +83,7 @@ class Service:
             "collectors": collected,
             "capture_seconds": round(time.monotonic() - started, 3),
         }
+        record.update(deathdata.at_death(self.plan, record))  # recorder window, signature
         self.death_log.write_death(record)
         self.emit("report", death=number, log=str(self.death_log.log_path))
         outcome = self._recover_or_reason(now, variables)

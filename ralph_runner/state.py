@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,17 @@ if TYPE_CHECKING:
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
 EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
-STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted", "failed", "crashed")
+STATUSES = (
+    "idle",
+    "running",
+    "finished",
+    "stopped",
+    "gave-up",
+    "agent-broken",
+    "interrupted",
+    "failed",
+    "crashed",
+)
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
@@ -88,6 +98,11 @@ class State:
     started: float | None = None  # epoch of the first start of this run
     status: str = "idle"  # one of STATUSES
     last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
+    # The broken-agent rule (failures.py): the last failed attempt, the items skipped while
+    # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
+    last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
+    streak_skipped: list[str] = field(default_factory=list)
+    agent_broken: dict[str, Any] | None = None  # {reason, output_tail, items, skipped}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +141,9 @@ _VALID = {
     "started": lambda v: v is None or _is_number(v),
     "status": lambda v: v in STATUSES,
     "last_death": lambda v: v is None or isinstance(v, dict),
+    "last_failure": lambda v: v is None or isinstance(v, dict),
+    "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    "agent_broken": lambda v: v is None or isinstance(v, dict),
 }
 
 
@@ -251,11 +269,12 @@ def _holder_pid(fd: int) -> str:
     return pid if pid.isdigit() else "unknown"
 
 
-def exclude_from_git(workdir: Path, paths: list[Path]) -> None:
+def exclude_from_git(workdir: Path, paths: list[Path], patterns: Iterable[str] = ()) -> None:
     """Keep ralph-run's files out of `git status` via .git/info/exclude, so `verify: committed`
     never sees them as a dirty tree. `.ralph/` and leftover temp files always; `paths` (relative
-    to `workdir` or absolute) when they lie inside the repository. Adds each entry once; does
-    nothing outside a git repository.
+    to `workdir` or absolute) when they lie inside the repository; `patterns` (gitignore
+    patterns: the agents' own files) as they are. Adds each entry once; does nothing outside a
+    git repository.
     """
     workdir = Path(os.path.realpath(workdir))
     found = _find_repo(workdir)
@@ -267,6 +286,7 @@ def exclude_from_git(workdir: Path, paths: list[Path]) -> None:
         absolute = Path(os.path.realpath(workdir / path))
         if absolute.is_relative_to(top) and absolute != top:
             wanted.append(_anchored(top, absolute))
+    wanted.extend(patterns)
     exclude = common_dir / "info" / "exclude"
     existing = exclude.read_text("utf-8", "replace") if exclude.exists() else ""
     present = existing.split("\n")

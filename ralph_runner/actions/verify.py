@@ -14,6 +14,9 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checked: bool = True  # the item is "- [x]" in the checklist
     committed: bool = True  # HEAD moved during the iteration and the worktree is clean
+    # More paths (gitignore patterns) that are the agent's own files, on top of the built-in
+    # housekeeping.DEFAULT_IGNORE (aider's .aider*): never "uncommitted changes".
+    ignore: list[str] = []
 
 
 def describe(params: Params | None, ctx: TaskContext) -> str:

@@ -14,7 +14,18 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, crash, fleet, loader, loop, plan, recovery, tasks, templating
+from ralph_runner import (
+    checklist,
+    crash,
+    deathdata,
+    fleet,
+    loader,
+    loop,
+    plan,
+    recovery,
+    tasks,
+    templating,
+)
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.reports import Redactor
 
@@ -95,6 +106,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
             **model.recovery.model_dump(exclude={"steps"}),
             "steps": each(p.runbook.recovery_steps, target, at_death),
         },
+        "recorder": _recorder(p, problems),
     }
     try:
         result.update(_followers(p))
@@ -107,6 +119,19 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
     return redactor.data(_plain(result))
+
+
+def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
+    """The flight recorder as it would run: its URL and follow command rendered."""
+    try:
+        settings = deathdata.settings_for(p)
+    except FatalError as exc:
+        problems.append(exc)
+        return None
+    if settings is None:
+        return None
+    shown = {k: v for k, v in vars(settings).items() if k != "connection"}
+    return {**shown, "file": settings.file and str(settings.file), "on": settings.connection.name}
 
 
 def _followers(p: plan.Plan) -> dict[str, Any]:

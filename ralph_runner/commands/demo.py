@@ -150,3 +150,8 @@ def _show(workspace: Path) -> None:
     if log.is_file():
         first = log.read_text(encoding="utf-8").split("===== END =====")[0]
         print(first + "===== END =====")
+    from ralph_runner import deathstats, htmlreport  # the demo ends with its report
+
+    report = workspace / "report.html"
+    htmlreport.write(deathstats.load([str(workspace)]), report)
+    print(f"\nreport: {report}")

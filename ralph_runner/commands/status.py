@@ -79,9 +79,23 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    lines.extend(_agent_broken(status.get("agent_broken")))
     if isinstance(status.get("updated"), int | float):
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
+    return lines
+
+
+def _agent_broken(broken: Any) -> list[str]:
+    """Why the loop stopped with exit 6, and the items it skipped before it saw it."""
+    if not isinstance(broken, dict):
+        return []
+    items = " and ".join(repr(i) for i in broken.get("items") or [])
+    lines = [f"agent:      broken: {broken.get('reason')} (the same failure on {items})"]
+    skipped = broken.get("skipped") or []
+    if skipped:
+        names = ", ".join(repr(i) for i in skipped)
+        lines.append(f"skipped:    {names} (while the agent was broken; '- [ ]' retries them)")
     return lines
 
 
