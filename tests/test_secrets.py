@@ -43,6 +43,10 @@ def _leaky_runbook() -> dict:
     document = runbook(variables={"api_key": SECRET})
     document["secrets"] = ["api_key"]
     document["metrics"] = {"textfile": "metrics/ralph.prom"}
+    document["recorder"] = {  # the flight recorder keeps the server log under .ralph/recorder/
+        "follow": f"echo server log {{{{ api_key }}}} {TOKEN}; exec sleep 600",
+        "gpu": False,
+    }
     probe = document["health"]["probes"][0]
     probe["http"]["url"] = "{{ base_url }}/models?api_key={{ api_key }}&token=" + TOKEN
     document["diagnostics"]["collect"].append(
