@@ -24,6 +24,7 @@ commands:
 exit codes:
   0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
   4 service not recovered (recovery.exit_code)   5 max_iterations reached with items left
+  6 the agent is broken (the same failure on consecutive items, service healthy)
   70 internal error: a bug in ralph-run (the crash file it names has the traceback)
   130/143 interrupted (state saved)
 """
