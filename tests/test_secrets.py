@@ -113,6 +113,9 @@ def test_no_secret_in_any_file_or_stream(scenario: Scenario) -> None:
     streams["status"] = _command(scenario, "status", str(scenario.workspace))
     streams["status --json"] = _command(scenario, "status", "--json", str(scenario.workspace))
     streams["deaths"] = _command(scenario, "deaths", runbook_path, *facts)
+    streams["deaths --json"] = _command(scenario, "deaths", str(scenario.workspace), "--json")
+    report = scenario.workspace / "report.html"
+    streams["report"] = _command(scenario, "report", str(scenario.workspace), "-o", str(report))
     streams["--check"] = _command(scenario, runbook_path, "--check", *facts)
     streams["--check --json"] = _command(scenario, runbook_path, "--check", "--json", *facts)
     streams["diagnose"] = _command(scenario, "diagnose", runbook_path, *facts)
@@ -127,6 +130,7 @@ def test_no_secret_in_any_file_or_stream(scenario: Scenario) -> None:
         "logs/deaths.log",
         "logs/deaths.jsonl",
         "metrics/ralph.prom",
+        "report.html",
     } <= set(files), sorted(files)
     everything = {**{f"stream {k}": v for k, v in streams.items()}, **files}
     leaks = [name for name, text in everything.items() if SECRET in text or TOKEN in text]
