@@ -39,6 +39,11 @@ class TaskSpec:
     def name(self) -> str:
         return self.task.name or f"{self.kind}"
 
+    @property
+    def params(self) -> Any:
+        """The value of the task's action key (`shell:`'s command, `verify:`'s options)."""
+        return getattr(self.task, self.kind)
+
     def where_of(self, keyword: str) -> Problem:
         """The position of one of the task's keys (its `when`, say), for errors in its value."""
         if self.document is None:
