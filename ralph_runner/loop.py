@@ -180,8 +180,7 @@ class Runner:
         committing = [
             spec
             for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify"
-            and getattr(getattr(spec.task, "verify", None), "committed", True)
+            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
         ]
         if committing and not git.is_repo(self.plan.workdir):
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
@@ -548,8 +547,8 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
     """The agents' own files: the built-in list and every verify step's `ignore:`."""
     patterns = list(housekeeping.DEFAULT_IGNORE)
     for spec in plan.runbook.loop_steps:
-        if spec.kind == "verify" and spec.task.verify is not None:
-            patterns.extend(p for p in spec.task.verify.ignore if p not in patterns)
+        if spec.kind == "verify" and spec.params is not None:
+            patterns.extend(p for p in spec.params.ignore if p not in patterns)
     return patterns
 
 

@@ -67,7 +67,7 @@ def context(
 def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> str:
     """The task rendered for --check: never runs anything."""
     ctx = context(spec, group, variables)
-    return actions.KINDS[spec.kind].describe(getattr(spec.task, spec.kind), ctx)
+    return actions.KINDS[spec.kind].describe(spec.params, ctx)
 
 
 def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> bool:
@@ -97,7 +97,7 @@ def run(
     )
     stop = cancel or threading.Event()
     for attempt in range(1, retries + 2):
-        result = module.run(getattr(task, spec.kind), ctx)
+        result = module.run(spec.params, ctx)
         result.data["attempts"] = attempt
         if task.until:
             scope = {
