@@ -111,7 +111,7 @@ class Runner:
     def __init__(self, plan: Plan, output: Output) -> None:
         self.plan, self.output = plan, output
         self.model = plan.model
-        self.store = state.Store(plan.workdir)
+        self.store = state.Store(plan.workdir, output.redactor, self._warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
         self.state = state.State()
@@ -181,7 +181,7 @@ class Runner:
         committing = [
             spec
             for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify" and (spec.task.verify is None or spec.task.verify.committed)
+            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
         ]
         if committing and not git.is_repo(self.plan.workdir):
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
@@ -510,6 +510,9 @@ class Runner:
         except FatalError as exc:
             self.output.event("warning", message=f"state not saved: {exc}")
 
+    def _warn(self, message: str) -> None:
+        self.output.event("warning", message=message)
+
     def _status(self) -> dict[str, Any]:
         counts = checklist.counts(checklist.read(self.checklist_path))
         st = self.state
@@ -546,8 +549,8 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
     """The agents' own files: the built-in list and every verify step's `ignore:`."""
     patterns = list(housekeeping.DEFAULT_IGNORE)
     for spec in plan.runbook.loop_steps:
-        if spec.kind == "verify" and spec.task.verify is not None:
-            patterns.extend(p for p in spec.task.verify.ignore if p not in patterns)
+        if spec.kind == "verify" and spec.params is not None:
+            patterns.extend(p for p in spec.params.ignore if p not in patterns)
     return patterns
 
 

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from ralph_runner.actions import TaskContext, TaskResult
 
 KEY = "verify"
+LOOP_ONLY = True  # it checks the item the loop is working on
 
 
 class Params(BaseModel):
