@@ -249,7 +249,7 @@ class RalphRun:
 
     # ending
 
-    def wait(self, timeout: float = 40) -> int:
+    def wait(self, timeout: float = 90) -> int:
         """The exit code, once the process and both readers are done."""
         try:
             code = self.process.wait(timeout)
