@@ -335,7 +335,7 @@ class _Watchdog:
                     _err=devnull,
                     _tty_out=False,
                     _env=env,
-                    _ok_code=range(-64, 256),
+                    _ok_code=tuple(range(-64, 256)),  # any exit status, any signal
                 )
         except (sh.ForkException, OSError) as error:
             os.close(write_end)

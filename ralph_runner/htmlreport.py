@@ -250,7 +250,7 @@ def _recovery_text(row: dict[str, Any]) -> str:
 
 
 def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
-    from bokeh.models import ColumnDataSource
+    from bokeh.models import ColumnDataSource, DataRange1d, FactorRange
     from bokeh.plotting import figure
 
     if not rows:
@@ -267,19 +267,21 @@ def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
     )
     chart = figure(
         title="Deaths by signature",
-        y_range=labels,
+        y_range=FactorRange(factors=labels),  # what figure() makes of a list of labels
         width=WIDTH,
         height=60 + 28 * len(shown),
         tools="save",
         tooltips=[("signature", "@signature"), ("deaths", "@deaths")],
     )
     chart.hbar(y="label", right="deaths", height=0.7, color="colour", source=source)
-    chart.x_range.start = 0
+    x_range = chart.x_range
+    assert isinstance(x_range, DataRange1d)  # figure()'s default
+    x_range.start = 0
     return chart
 
 
 def prompt_chart(prompt: dict[str, Any]):
-    from bokeh.models import ColumnDataSource
+    from bokeh.models import ColumnDataSource, DataRange1d
     from bokeh.plotting import figure
 
     buckets = prompt["buckets"]
@@ -314,7 +316,9 @@ def prompt_chart(prompt: dict[str, Any]):
         ],
     )
     chart.vbar(x="x", top="y", width=prompt["width"] * 0.9, color="colour", source=source)
-    chart.y_range.start = 0
+    y_range = chart.y_range
+    assert isinstance(y_range, DataRange1d)  # figure()'s default
+    y_range.start = 0
     return chart
 
 

@@ -332,7 +332,7 @@ class Runner:
         else:
             failure = self._failure(item, failed, agent_seconds)
             previous = Failure.from_dict(st.last_failure)
-            if failure.same_as(previous):
+            if previous is not None and failure.same_as(previous):
                 if previous.item != item.text:
                     self._agent_broken(previous, failure)
             else:

@@ -71,7 +71,7 @@ class Notifier:
     ) -> None:
         self.config, self.host, self.warn = config, host, warn
         self.deadman = targets.deadman
-        self._targets = []
+        self._targets: list[tuple[apprise.Apprise, set[str]]] = []
         for url, events in targets.to:
             client = apprise.Apprise()
             client.add(url)
@@ -105,7 +105,7 @@ class Notifier:
     def send(self, message: Message) -> None:
         for client, events in self._targets:
             if message.event in events:
-                self._submit(lambda c=client: c.notify(body=message.body, title=message.title))
+                self._submit(_delivery(client, message))
 
     def _message(self, kind: str, f: dict[str, Any]) -> Message | None:
         host = self.host
@@ -150,6 +150,11 @@ class Notifier:
                 return
             why = "timed out" if outcome is None else "failed"
         self.warn(f"notification {why} after {self.config.retries + 1} attempt(s)")
+
+
+def _delivery(client: apprise.Apprise, message: Message) -> Callable[[], bool]:
+    """One attempt at sending `message` through `client`: True when Apprise reports success."""
+    return lambda: bool(client.notify(body=message.body, title=message.title))
 
 
 def _bounded(attempt: Callable[[], bool], timeout: float) -> bool | None:

@@ -131,9 +131,9 @@ class Ring:
         """Entries with `t` >= since, oldest first, reading the newest segments only."""
         found: list[list[dict[str, Any]]] = []
         for path in reversed(self.files()):
-            entries = [e for _, e in jsonl.read(path, skipped) if _time(e) is not None]
-            found.append([e for e in entries if _time(e) >= since])
-            if entries and _time(entries[0]) < since:
+            timed = [(t, e) for _, e in jsonl.read(path, skipped) if (t := _time(e)) is not None]
+            found.append([e for t, e in timed if t >= since])
+            if timed and timed[0][0] < since:
                 break
         return [entry for segment in reversed(found) for entry in segment]
 

@@ -52,7 +52,8 @@ def _register(line: str, leaders: dict[int, int]) -> None:
 
 def _kill(leaders: dict[int, int]) -> None:
     """Freeze each tree until it is complete, then kill it whole."""
-    me, frozen = os.getpid(), {}
+    me = os.getpid()
+    frozen: dict[int, int] = {}  # pid -> start time
     for _ in range(ROUNDS):
         table = _processes()
         children = _children(table)

@@ -29,13 +29,16 @@ def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, st
     free_mib, used_mib, total_mib = (total - used) // MIB, used // MIB, total // MIB
     percent = 100 * used / total if total else 0.0
     detail = f"GPU {params.index}: {used_mib} MiB used, {free_mib} MiB free of {total_mib} MiB"
-    if params.min_free_mib is not None and free_mib < params.min_free_mib:
-        return False, "status", f"{detail} (want >= {params.min_free_mib} MiB free)"
-    if params.max_used_percent is not None and percent > params.max_used_percent:
+    min_free, max_used = params.min_free_mib, params.max_used_percent
+    # check() is given params already rendered: the limits are numbers, no templates
+    assert not isinstance(min_free, str) and not isinstance(max_used, str)
+    if min_free is not None and free_mib < min_free:
+        return False, "status", f"{detail} (want >= {min_free} MiB free)"
+    if max_used is not None and percent > max_used:
         return (
             False,
             "status",
-            f"{detail} ({percent:.1f}% used, want <= {params.max_used_percent:g}%)",
+            f"{detail} ({percent:.1f}% used, want <= {max_used:g}%)",
         )
     return True, None, detail
 

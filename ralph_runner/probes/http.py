@@ -7,6 +7,7 @@ Healthy when the status matches and, if asked, the body holds a text or the JSON
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,7 +34,8 @@ class Params(BaseModel):
         return method.upper()
 
 
-def statuses(status: int | list[int]) -> list[int]:
+def statuses(status: Templated[int] | list[int]) -> Sequence[int | str]:
+    """The accepted statuses; a template left unrendered (a str) matches no status code."""
     return status if isinstance(status, list) else [status]
 
 

@@ -92,6 +92,7 @@ def without_tokens(params: Params, state: dict, active: float, note: str = "") -
 def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
     """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled."""
     within = max(deadline - time.monotonic() - reserve(ctx), reserve(ctx))
+    assert params.completion is not None  # check() asks the canary only when there is one
     sent = time.monotonic()
     try:
         ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))

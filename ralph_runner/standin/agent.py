@@ -37,7 +37,7 @@ def ask(url: str, model: str, prompt: str, timeout: float) -> str:
     with httpx.stream("POST", endpoint, json=payload, timeout=timeout) as response:
         if response.status_code != httpx.codes.OK:
             raise ValueError(f"HTTP {response.status_code}: {response.read().decode()[:200]}")
-        parts = []
+        parts: list[str] = []
         for data in sse_data(response.iter_lines()):
             if data == "[DONE]":
                 return "".join(parts)

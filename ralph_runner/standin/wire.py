@@ -47,6 +47,7 @@ def calls_of(pieces: list[Piece]) -> list[tuple[ToolCall, str]]:
     calls: dict[int, tuple[ToolCall, list[str]]] = {}
     for piece in pieces:
         if piece.opens is not None:
+            assert piece.call is not None  # an opening piece carries its call's index
             calls[piece.call] = (piece.opens, [])
         elif piece.call is not None:
             calls[piece.call][1].append(piece.text)
@@ -414,6 +415,7 @@ class Responses(Format):
 
     def text_delta(self, text: str) -> list[bytes]:
         item = self.open_item
+        assert item is not None  # stream_pieces opens a message first
         self.open_text += text
         return [
             self.event(
@@ -434,6 +436,7 @@ class Responses(Format):
 
     def function_call_delta(self, text: str) -> list[bytes]:
         item = self.open_item
+        assert item is not None  # the call's opening piece came first
         item["arguments"] += text
         return [
             self.event(
