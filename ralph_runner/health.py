@@ -6,10 +6,13 @@ thread per check would cost the healthy path more than its HTTP request, and a d
 a ThreadPoolExecutor's workers) never holds up ralph-run's exit behind a hung check. A round
 waits for each probe at most its timeout plus GRACE: httpx's timeouts are per phase (connect,
 then read), and an NVML call on a GPU that fell off the bus never returns, so the round
-enforces the limit itself. A check that outlives its round keeps its worker; until it ends,
-the probe fails at once as "still hung" instead of queueing another. So a round lasts at most
-its longest timeout + GRACE, and a death is confirmed within `failures_before_dead` x timeout
-+ (`failures_before_dead` - 1) x `interval` (plus GRACE per round).
+enforces the limit itself. A check still running when a round starts is handed on, never
+queued behind: a round that needs the probe waits for that check, to the check's own deadline
+(a watch round abandoned at the end of its step leaves its checks to the next round); past its
+deadline, the probe fails at once as "still hung" instead of queueing another. So a round
+lasts at most its longest timeout + GRACE, and a death is confirmed within
+`failures_before_dead` x timeout + (`failures_before_dead` - 1) x `interval` (plus GRACE per
+round).
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ class Health:
         self.client = client or httpx.Client()
         self._lock = threading.Lock()
         self._last_run: dict[int, int] = {}  # probe index -> iteration it last ran in
-        self._hung: dict[int, Future[ProbeResult]] = {}  # checks that outlived their round
+        self._running: dict[int, _Check] = {}  # the latest check of each probe, maybe running
         self._workers = [_Worker(f"probe {spec.name}") for spec in self.probes]
+        self._states: list[dict[str, Any]] = [{} for _ in self.probes]  # each probe's memory
 
     def round(self, iteration: int | None = None) -> list[ProbeResult]:
         """One round of the probes due at `iteration` (all of them when it is None)."""
@@ -137,38 +141,50 @@ class Health:
         for index in indexes:
             spec = self.probes[index]
             timeout = spec.timeout if cap is None else min(spec.timeout, cap)
-            deadline = time.monotonic() + timeout + GRACE
-            launched.append((index, timeout, deadline, self._launch(index, timeout, iteration)))
-        return [self._outcome(*probe) for probe in launched]
+            launched.append((index, self._launch(index, timeout, iteration)))
+        return [self._outcome(index, check) for index, check in launched]
 
-    def _launch(self, index: int, timeout: float, iteration: int | None) -> Future[ProbeResult]:
+    def _launch(self, index: int, timeout: float, iteration: int | None) -> _Check:
+        """A new check, or the one still running (handed on), or "still hung" past its time."""
         spec = self.probes[index]
+        now = time.monotonic()
         with self._lock:
             if iteration is not None:
                 self._last_run[index] = iteration
-            hung = self._hung.get(index)
-            if hung is not None and hung.done():
-                del self._hung[index]
-                hung = None
-        if hung is not None:
-            detail = "still hung from an earlier round"
-            future: Future[ProbeResult] = Future()
-            future.set_result(ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0))
-            return future
-        ctx = ProbeContext(self.client, self.connection, timeout)
-        return self._workers[index].submit(spec, ctx)
+            running = self._running.get(index)
+            if running is not None and not running.future.done():
+                if now < running.deadline:
+                    return running  # handed on: wait for it rather than queue behind it
+                detail = "still hung from an earlier round"
+                result = ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0)
+                return _Check(_ready(result), timeout, now)
+            ctx = ProbeContext(self.client, self.connection, timeout, self._states[index])
+            check = _Check(self._workers[index].submit(spec, ctx), timeout, now + timeout + GRACE)
+            self._running[index] = check
+            return check
 
-    def _outcome(
-        self, index: int, timeout: float, deadline: float, future: Future[ProbeResult]
-    ) -> ProbeResult:
+    def _outcome(self, index: int, check: _Check) -> ProbeResult:
         try:
-            return future.result(max(0.0, deadline - time.monotonic()))
+            return check.future.result(max(0.0, check.deadline - time.monotonic()))
         except TimeoutError:
-            with self._lock:
-                self._hung[index] = future
             spec = self.probes[index]
-            detail = f"no answer within {timeout:g}s (the check is still running)"
-            return ProbeResult(spec.name, spec.kind, False, "timeout", detail, timeout)
+            detail = f"no answer within {check.timeout:g}s (the check is still running)"
+            return ProbeResult(spec.name, spec.kind, False, "timeout", detail, check.timeout)
+
+
+@dataclass
+class _Check:
+    """One check of one probe: its result to come, its time limit, when a round stops waiting."""
+
+    future: Future[ProbeResult]
+    timeout: float
+    deadline: float
+
+
+def _ready(result: ProbeResult) -> Future[ProbeResult]:
+    future: Future[ProbeResult] = Future()
+    future.set_result(result)
+    return future
 
 
 class _Worker:

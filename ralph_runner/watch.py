@@ -1,4 +1,9 @@
-"""Probe the service while a loop step runs; on death, cancel the step at once."""
+"""Probe the service while a loop step runs; on death, cancel the step at once.
+
+A step ends when its process ends: leaving the watch never waits for a round in flight. Its
+checks go on in their probes' workers, and the next round that needs them (post-step's, the
+next step's watch) takes them over (`Health` hands a running check on).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ class Watch:
         self.cancel = threading.Event()  # the step's cancel: set on death
         self.rounds: list[list[ProbeResult]] | None = None  # the confirming rounds, on death
         self._done = threading.Event()
+        self._verdict = threading.Lock()  # a death is reported before the step ends, or never
         self._thread = threading.Thread(target=self._watch, name="watch", daemon=True)
 
     def __enter__(self) -> Watch:
@@ -24,16 +30,16 @@ class Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        with self._verdict:  # from here on, `rounds` stays as it is
+            self._done.set()
 
     def _watch(self) -> None:
         while not self._done.wait(self.every):
             alive, rounds = self.health.check(self.iteration, cancel=self._done)
-            if self._done.is_set():
-                return
-            if not alive:
-                self.rounds = rounds
-                self.cancel.set()
-                return
+            with self._verdict:
+                if self._done.is_set():
+                    return  # the step has ended: post-step probes see what this round saw
+                if not alive:
+                    self.rounds = rounds
+                    self.cancel.set()
+                    return

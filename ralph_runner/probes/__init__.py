@@ -16,7 +16,7 @@ probes look at this machine; only the command probe runs on the host's connectio
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,7 @@ from ralph_runner import plugins
 if TYPE_CHECKING:
     from ralph_runner.connection import Connection
 
-REASONS = ("refused", "timeout", "status", "body", "error")
+REASONS = ("refused", "timeout", "status", "body", "error", "stalled")
 EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail
 
 
@@ -49,11 +49,14 @@ class ProbeResult:
 
 @dataclass
 class ProbeContext:
-    """What a check may use: one shared HTTP client (keep-alive), the host, the time limit."""
+    """What a check may use: one shared HTTP client (keep-alive), the host, the time limit,
+    and `state`: the probe's own memory between checks (the progress probe keeps its last
+    counters there). Each probe's checks run one at a time on its worker, which owns it."""
 
     client: httpx.Client
     connection: Connection
     timeout: float
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 def excerpt(text: str) -> str:

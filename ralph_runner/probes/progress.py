@@ -1,0 +1,213 @@
+"""`progress: {metrics, completion, counters, active, stall_after}`: is the engine doing its work?
+
+vLLM's `/metrics` keeps answering while its engine hangs, but its token counters stop; and a
+request that waits in a busy engine's queue says nothing about liveness. So every check scrapes
+`/metrics` (cheap, adds no load) and compares the token counters with the last check's:
+- they moved: ok, however long the queue (a busy engine is never a failure);
+- requests are active and nothing moved: ok until `stall_after` seconds, then "stalled";
+- idle and nothing moved: a 1-token canary must be answered within the probe's timeout; an
+  error status is "status" (vLLM answers 500 once its engine died); no answer and still no
+  token is "stalled", unless more requests than our canary are now active (then: busy).
+
+The probe's memory lives in `ctx.state` (owned by the probe's worker, one check at a time):
+the last counter total and since when it has not moved.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
+from ralph_runner.fields import templated
+from ralph_runner.probes import ProbeContext, excerpt, request
+from ralph_runner.probes import completion as completion_probe
+
+KIND = "progress"
+COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
+ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
+
+Verdict = tuple[bool, str | None, str]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    metrics: str  # vLLM's /metrics, beside /v1
+    completion: completion_probe.Params | None = None  # the idle canary; None: idle is not checked
+    counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
+    active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
+    stall_after: templated(PositiveFloat) = 15.0
+
+
+@dataclass
+class Scrape:
+    """What one GET of /metrics says."""
+
+    total: float  # the counters, summed
+    active: float  # the active gauges, summed
+    note: str  # names /metrics lacks, said the first time only
+
+
+def check(params: Params, ctx: ProbeContext) -> Verdict:
+    deadline = time.monotonic() + ctx.timeout
+    seen = scrape(params, ctx)
+    if not isinstance(seen, Scrape):
+        return seen
+    state, now = ctx.state, time.monotonic()
+    last = state.get("total")
+    state["total"] = seen.total
+    if last is not None and seen.total > last:
+        state["quiet_since"] = now
+        return (
+            True,
+            None,
+            f"progress: +{seen.total - last:g} tokens, {seen.active:g} active{seen.note}",
+        )
+    if last is None or seen.total < last:  # first look, or a new server: its counters restart
+        state["quiet_since"] = now
+    if seen.active > 0:
+        return without_tokens(params, state, seen.active, seen.note)
+    if params.completion is None:
+        state["quiet_since"] = now
+        return True, None, f"idle: no request active{seen.note}"
+    return canary(params, ctx, deadline, seen)
+
+
+def without_tokens(params: Params, state: dict, active: float, note: str = "") -> Verdict:
+    """Requests active and no token since `quiet_since`: busy, until `stall_after`."""
+    quiet = time.monotonic() - state["quiet_since"]
+    if quiet < params.stall_after:
+        return True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{note}"
+    return False, "stalled", f"no token for {quiet:.1f} s while {active:g} requests active"
+
+
+def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
+    """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled."""
+    within = max(deadline - time.monotonic() - reserve(ctx), reserve(ctx))
+    sent = time.monotonic()
+    try:
+        ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))
+    except httpx.TimeoutException:
+        return unanswered(params, ctx, deadline, before, within)
+    took = time.monotonic() - sent
+    ctx.state["quiet_since"] = time.monotonic()
+    if not ok:
+        return False, reason, detail
+    after = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
+    if not isinstance(after, Scrape):
+        return after
+    ctx.state["total"] = after.total  # our canary's own tokens are no progress of the engine
+    return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
+
+
+def unanswered(
+    params: Params, ctx: ProbeContext, deadline: float, before: Scrape, within: float
+) -> Verdict:
+    """No token within `within`. A request that came meanwhile may hold the engine: busy if
+    tokens moved or more than our canary is active, else the idle engine is stalled."""
+    again = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
+    if not isinstance(again, Scrape):
+        return again
+    ctx.state["total"] = again.total
+    if again.total > before.total:
+        ctx.state["quiet_since"] = time.monotonic()
+        gained = again.total - before.total
+        return True, None, f"busy: +{gained:g} tokens while our 1-token request waited"
+    if again.active > 1:  # our canary is at most one of them
+        return without_tokens(params, ctx.state, again.active)
+    return False, "stalled", f"idle engine did not answer a 1-token request within {within:.1f} s"
+
+
+def reserve(ctx: ProbeContext) -> float:
+    """The part of the probe's timeout kept for a scrape after the canary."""
+    return min(RESCRAPE, ctx.timeout / 4)
+
+
+def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
+    """GET /metrics: the sums, or a failed verdict when it cannot say (not 200, no metrics).
+
+    A refused or timed-out request raises, and `run_probe` classifies it as for every probe.
+    """
+    response = request(ctx, "GET", params.metrics)
+    text = response.text
+    if response.status_code != 200:
+        return False, "status", f"{params.metrics}: HTTP {response.status_code}: {excerpt(text)}"
+    counters = {name: metric_sum(text, name) for name in params.counters}
+    active = {name: metric_sum(text, name) for name in params.active}
+    for what, found in (("counters", counters), ("active gauges", active)):
+        if all(value is None for value in found.values()):
+            names = ", ".join(found)
+            return False, "body", f"{params.metrics} lacks all {what} {names}: {excerpt(text)}"
+    missing = [name for name, value in {**counters, **active}.items() if value is None]
+    told = ctx.state.setdefault("told_missing", set())
+    new = [name for name in missing if name not in told]
+    told.update(new)
+    note = f" (/metrics lacks {', '.join(new)}: left out)" if new else ""
+    return Scrape(
+        sum(v or 0.0 for v in counters.values()), sum(v or 0.0 for v in active.values()), note
+    )
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of `name`'s samples over all label sets in Prometheus text; None when absent.
+
+    A search for each sample line's start instead of a parse of every line: /metrics is mostly
+    histogram buckets, and it may be megabytes. `name` also matches `name_total` (a counter's
+    family name); `name_created` and other suffixes are other samples and never match.
+    """
+    names = [name] if name.endswith("_total") else [name, f"{name}_total"]
+    values = [value for one in names for value in samples(text, one)]
+    if not values:
+        return None
+    return sum(value for value in values if not math.isnan(value))
+
+
+def samples(text: str, name: str) -> list[float]:
+    """The values of every sample line of `name` (comments and other metrics skipped)."""
+    found = []
+    start = 0 if text.startswith(name) else text.find("\n" + name)
+    while start != -1:
+        begin = start + (text[start] == "\n")
+        end = text.find("\n", begin)
+        value = sample_value(text[begin : end if end != -1 else len(text)], name)
+        if value is not None:
+            found.append(value)
+        start = text.find("\n" + name, begin)
+    return found
+
+
+def sample_value(line: str, name: str) -> float | None:
+    """The value of one sample line, `name{labels} value [timestamp]`; None for another name."""
+    rest = line[len(name) :]
+    if rest.startswith("{"):
+        close = labels_end(rest)
+        if close == -1:
+            return None
+        rest = rest[close + 1 :]
+    elif not rest[:1].isspace():
+        return None  # another metric whose name starts with this one
+    fields = rest.split()
+    try:
+        return float(fields[0]) if fields else None
+    except ValueError:
+        return None
+
+
+def labels_end(rest: str) -> int:
+    """The index of the `}` closing a label set, honouring quoted values and escapes."""
+    quoted = escaped = False
+    for index, char in enumerate(rest):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "}" and not quoted:
+            return index
+    return -1
