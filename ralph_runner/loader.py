@@ -6,13 +6,14 @@ runtime error months later still points at the line to fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from ralph_runner import schema, yamlfile
+from ralph_runner import schema, templating, yamlfile
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.yamlfile import Document
 
@@ -27,10 +28,18 @@ class TaskSpec:
     kind: str
     where: Problem
     vars: dict[str, Any] = field(default_factory=dict)
+    document: Document | None = None  # the file it was written in, and its key path there
+    key: tuple = ()
 
     @property
     def name(self) -> str:
         return self.task.name or f"{self.kind}"
+
+    def where_of(self, keyword: str) -> Problem:
+        """The position of one of the task's keys (its `when`, say), for errors in its value."""
+        if self.document is None:
+            return self.where
+        return self.document.problem((*self.key, keyword), "")
 
 
 @dataclass
@@ -89,9 +98,28 @@ def load(path: str | Path) -> LoadedRunbook:
             for i, probe in enumerate(model.health.probes)
         ],
     )
+    problems += death_field_problems(loaded.recovery_steps)
     if problems:
         raise FatalError(problems)
     return loaded
+
+
+def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:
+    """A recovery step's `when:` may name only the fields a death has (schema.DEATH_FIELDS):
+    a typo there would silently skip (or always run) the step when the service dies."""
+    problems = []
+    for spec in specs:
+        if not isinstance(spec.task.when, str):
+            continue
+        where = spec.where_of("when")
+        for name in templating.attributes_of(spec.task.when, "death", where=where):
+            if name not in schema.DEATH_FIELDS:
+                close = difflib.get_close_matches(name, schema.DEATH_FIELDS, n=1)
+                hint = f"did you mean death.{close[0]}? " if close else ""
+                fields = ", ".join(schema.DEATH_FIELDS)
+                message = f"a death has no field {name!r}; {hint}(it has: {fields})"
+                problems.append(replace(where, message=message))
+    return problems
 
 
 def find_collector_set(name: str, runbook_dir: Path) -> Path | None:
@@ -131,7 +159,7 @@ def _expand(
             out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
         else:
             spot = document.problem(where, "")
-            out.append(TaskSpec(entry, schema.task_kind(entry), spot, scope))
+            out.append(TaskSpec(entry, schema.task_kind(entry), spot, scope, document, where))
     return out
 
 

@@ -10,7 +10,19 @@ from typing import Any
 from ralph_runner import tasks
 from ralph_runner.health import Health
 from ralph_runner.loader import TaskSpec
+from ralph_runner.probes import ProbeResult
 from ralph_runner.schema import Recovery
+
+HUNG = {"stalled", "timeout"}  # up, but not doing its work: stop it before starting another
+# `death` as `--check` renders recovery steps with it (the real one exists only at a death)
+SAMPLE_DEATH = {
+    "number": 1,
+    "phase": "during-step",
+    "time": "<time of the death>",
+    "probes": [],
+    "reasons": [],
+    "hung": False,
+}
 
 
 @dataclass
@@ -20,6 +32,23 @@ class Outcome:
     seconds: float
     reason: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def death_of(number: int, phase: str, time: str, results: list[ProbeResult]) -> dict[str, Any]:
+    """What recovery steps see as `death`: which death, when, and how the probes failed."""
+    reasons = sorted({r.reason for r in results if not r.ok and r.reason})
+    probes = [
+        {"name": r.name, "kind": r.kind, "ok": r.ok, "reason": r.reason, "detail": r.detail}
+        for r in results
+    ]
+    return {  # schema.DEATH_FIELDS: the loader checks `when:` against them
+        "number": number,
+        "phase": phase,
+        "time": time,
+        "probes": probes,
+        "reasons": reasons,
+        "hung": bool(HUNG.intersection(reasons)),
+    }
 
 
 def recover(
@@ -69,6 +98,7 @@ def _step(attempt: int, spec: TaskSpec, result) -> dict[str, Any]:
         "attempt": attempt,
         "name": spec.name,
         "ok": result.ok,
+        "skipped": bool(result.data.get("skipped")),  # its `when:` was false
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "seconds": round(result.seconds, 3),

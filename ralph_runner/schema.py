@@ -147,6 +147,11 @@ class CrashLoop(Model):
     within: PositiveFloat = 600.0
 
 
+# What recovery steps (and their `when:`) see as `death`: built by service.py, checked by the
+# loader (a `when:` naming another field is refused at its line).
+DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung")
+
+
 class Recovery(Model):
     steps: list[TaskEntry] = []
     attempts: PositiveInt = 1

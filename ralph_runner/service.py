@@ -63,7 +63,8 @@ class Service:
         }
         self.save()
         self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
-        variables = {**facts.get("variables", {}), "phase": phase, "deaths": number}
+        death = recovery.death_of(number, phase, iso_time(now), rounds[-1] if rounds else [])
+        variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
         self.emit("capture", collectors=len(self.plan.runbook.collectors))
         started = time.monotonic()

@@ -399,6 +399,28 @@ class Templar:
         return result.output.rstrip()
 
 
+def attributes_of(expression: str, name: str, *, where: Problem | None = None) -> list[str]:
+    """The fields a bare expression (a `when:`) takes of variable `name`: `death.hung` and
+    `death['phase']` give ["hung", "phase"]. Parsed, never run: for checks of a variable that
+    exists only at run time. A syntax error is a FatalError at `where`."""
+    match = _LONE_EXPRESSION.fullmatch(expression)
+    source = match["expression"] if match else expression
+    with _reported(where, source):
+        tree = _PARSER.parse(f"{{{{ {source} }}}}")
+    found = []
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        if not (isinstance(node.node, nodes.Name) and node.node.name == name):
+            continue
+        if isinstance(node, nodes.Getattr):
+            found.append(node.attr)
+        elif isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+            found.append(node.arg.value)
+    return found
+
+
+_PARSER = ImmutableSandboxedEnvironment()  # parses only: rendering is the Templar's
+
+
 def has_template(text: str) -> bool:
     """Whether text holds any Jinja markup, i.e. rendering could change it."""
     return any(marker in text for marker in ("{{", "{%", "{#"))

@@ -39,6 +39,7 @@ class Engine:
         self.completions = 0  # chat completions received
         self.metrics_scrapes = 0
         self.on_completion = lambda: None  # called as a completion arrives
+        self.admin_calls: list[str] = []
         self._unblocked = threading.Event()  # cleared: generation hangs
         self._unblocked.set()
         self._lock = threading.Lock()
@@ -99,6 +100,17 @@ class Engine:
         kept = [line for line in lines if not any(line.startswith(name) for name in self.omit)]
         return "\n".join(kept) + "\n"
 
+    def admin(self, command: str) -> None:
+        """`POST /admin/hang`: hung with the caller's request active; `/admin/resume`: a
+        healthy idle engine again (what a restart gives)."""
+        self.admin_calls.append(command)
+        if command == "hang":
+            self.running, self.waiting = 1, 0
+            self.hang()
+        elif command == "resume":
+            self.running = self.waiting = 0
+            self.resume()
+
     # the server
 
     def _tick(self, every: float) -> None:
@@ -140,6 +152,10 @@ class Engine:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.startswith("/admin/"):  # for a process of the test (an agent)
+                    engine.admin(self.path.removeprefix("/admin/"))
+                    self.send(200, "{}")
+                    return
                 status, body = engine._complete()
                 self.send(status, json.dumps(body))
 

@@ -130,8 +130,8 @@ def test_hang_with_a_request_active_is_stalled_after_stall_after(engine, prober)
     engine.running = 1
     prober.check()  # first look: tokens so far, the clock starts
     engine.generation_tokens += 5
+    last_token_seen = time.monotonic()  # before the check that sees the tokens
     moved = prober.check()
-    last_token_seen = time.monotonic()
     engine.hang()
 
     results = []

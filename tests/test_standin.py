@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -10,11 +11,34 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
-from standin_helpers import StandIn, process_gone, python_env, wait_for
+from httpx_sse import EventSource
+from standin_helpers import (
+    StandIn,
+    Stream,
+    Target,
+    check_busy,
+    check_chat_stream,
+    check_completions_stream,
+    check_engine_death,
+    check_engine_hang,
+    check_metrics_exposition,
+    check_responses_stream,
+    long_request,
+    process_gone,
+    python_env,
+    wait_for,
+    wait_frozen,
+    wait_streaming,
+)
+
+from ralph_runner.standin.engine import Piece
+from ralph_runner.standin.scripted import ToolCall
+from ralph_runner.standin.wire import Chat, Responses
 
 ACCESS_LINE = re.compile(
     r'^\(APIServer pid=\d+\) INFO:     127\.0\.0\.1:\d+ - "GET /v1/models HTTP/1\.1" 200 OK$', re.M
@@ -73,9 +97,9 @@ def test_healthy_server_speaks_vllms_api_and_logs_like_it(server: StandIn) -> No
     assert reply.json()["usage"]["prompt_tokens"] == 100
 
     metrics = server.get("/metrics").text
-    for gauge in ("kv_cache_usage_perc", "gpu_cache_usage_perc", "num_requests_running"):
-        assert re.search(rf"^vllm:{gauge}\{{.*\}} \d", metrics, re.M), gauge
-    assert re.search(r"^vllm:kv_cache_usage_perc\{.*\} 0\.00[1-9]", metrics, re.M)
+    for name in ("kv_cache_usage_perc", "num_requests_running", "generation_tokens_total"):
+        assert re.search(rf"^vllm:{name}\{{.*\}} \d", metrics, re.M), name
+    assert re.search(r"^vllm:prompt_tokens_total\{.*\} 10[0-9]\.0$", metrics, re.M), metrics
 
     wrong_model = httpx.post(
         f"{server.url}/chat/completions", json={"model": "other", "messages": []}, timeout=3
@@ -170,6 +194,226 @@ def test_unknown_or_broken_faults_are_refused(server: StandIn) -> None:
     assert not (server.state_dir / "control.json").exists()
 
 
+# the engine, as vLLM's (the checks are shared with the real-vLLM tier: standin_helpers.py)
+
+ENGINE_ARGS = ("--tokens-per-second", "100")  # a 300-token generation lasts 3 s
+
+
+@pytest.fixture
+def engine(standin: StandIn) -> Iterator[tuple[StandIn, subprocess.Popen[bytes]]]:
+    """A stand-in spawned as a child (its exit code is seen) with a measurable engine speed."""
+    child = standin.spawn(*ENGINE_ARGS)
+    yield standin, child
+    standin.stop()
+
+
+@pytest.fixture
+def target(engine: tuple[StandIn, subprocess.Popen[bytes]]) -> Target:
+    standin, child = engine
+    return standin.target(child)
+
+
+def test_metrics_parse_as_prometheus_text_with_vllms_names(target: Target) -> None:
+    check_metrics_exposition(target)
+    text = target.get("/metrics").text
+    assert "# TYPE vllm:generation_tokens_total counter" in text
+    assert '{model_name="stand-in",engine="0"}' in text
+
+
+def test_tokens_are_counted_as_they_are_generated(target: Target) -> None:
+    stream = Stream(f"{target.url}/chat/completions", long_request(target))
+    wait_streaming(stream)
+    during = target.metrics()
+    assert during["vllm:num_requests_running"] == 1
+    assert 0 < during["vllm:generation_tokens_total"] < target.long_tokens
+    assert during["vllm:kv_cache_usage_perc"] > 0
+    stream.wait()
+    after = target.metrics()
+    assert after["vllm:generation_tokens_total"] == target.long_tokens
+    assert after["vllm:num_requests_running"] == 0
+
+
+def test_chat_streams_as_server_sent_events(target: Target) -> None:
+    stream = check_chat_stream(target)
+    assert stream.data()[1]["choices"][0]["delta"] == {"content": "OK"}
+
+
+def test_completions_stream(target: Target) -> None:
+    check_completions_stream(target)
+
+
+def test_responses_stream_as_codex_reads_it(target: Target) -> None:
+    check_responses_stream(target)
+
+
+def test_responses_whole(target: Target) -> None:
+    body = {"model": target.model, "input": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(f"{target.url}/responses", json=body, timeout=5).json()
+    assert (answer["object"], answer["status"]) == ("response", "completed")
+    assert answer["id"].startswith("resp_")
+    (item,) = answer["output"]
+    assert (item["type"], item["content"][0]["text"]) == ("message", "OK")
+    assert answer["usage"]["output_tokens"] == 1
+
+
+def test_a_real_openai_client_reads_the_streams(target: Target) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=target.url, api_key="none", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=target.model,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "OK"
+    assert chunks[-1].usage.completion_tokens == 1
+    with client.responses.stream(model=target.model, input="hi") as events:
+        final = events.get_final_response()
+    assert final.output_text == "OK" and final.usage.output_tokens == 1
+
+
+def test_engine_hang_keeps_the_api_up_and_freezes_the_counters(target: Target) -> None:
+    check_engine_hang(target)
+    assert "EngineDeadError" not in target.log()
+
+
+def test_engine_hang_blocks_a_whole_answer_until_resume(target: Target) -> None:
+    target.hang()
+    with pytest.raises(httpx.ReadTimeout):
+        target.generate(timeout=0.5, max_tokens=1)
+    waiting = Stream(f"{target.url}/chat/completions", long_request(target, max_tokens=2))
+    target.resume()
+    assert waiting.wait().data()[-1] == "[DONE]"
+
+
+def test_engine_death_fails_the_stream_in_flight_and_exits_0(target: Target) -> None:
+    check_engine_death(target)
+
+
+def test_engine_death_keeps_health_up_for_the_shutdown_delay(standin: StandIn) -> None:
+    child = standin.spawn("--shutdown-delay", "3")
+    standin.admin("engine_death")
+    answer = standin.chat("hi")
+    assert answer.status_code == 500
+    message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    assert answer.json()["error"] == {
+        "message": message,
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    assert standin.get("/health").status_code == 200
+    assert standin.get("/v1/models").status_code == 200
+    assert child.wait(timeout=10) == 0
+    assert standin.exit_marker()["reason"] == "engine dead: engine_death"
+    assert not standin.healthy()
+
+
+def test_engine_death_cuts_a_responses_stream(target: Target) -> None:
+    stream = Stream(f"{target.url}/responses", long_request(target, "/responses"))
+    wait_streaming(stream, 5)
+    target.kill()
+    stream.wait()
+    assert isinstance(stream.error, httpx.RemoteProtocolError), repr(stream.error)
+    kinds = [e.event for e in stream.events]
+    assert "response.completed" not in kinds and kinds[-1] == "response.output_text.delta"
+    assert target.exit_code(10) == 0
+
+
+def test_worker_timeout_is_a_hang_then_a_death(standin: StandIn) -> None:
+    child = standin.spawn(*ENGINE_ARGS, "--execute-model-timeout", "1.5")
+    target = standin.target(child)
+    stream = Stream(f"{target.url}/chat/completions", long_request(target))
+    wait_streaming(stream)
+    standin.admin("worker_timeout")
+    wait_frozen(target)
+    assert target.get("/health").status_code == 200
+    stream.wait(30)
+    assert stream.data()[-2]["error"]["code"] == 500
+    assert child.wait(timeout=10) == 0
+    log = standin.log()
+    timeout = log.index("TimeoutError: RPC call to execute_model timed out.")
+    assert timeout < log.index("EngineDeadError") < log.index("Shutting down")
+
+
+def test_busy_engine_has_a_waiting_line_and_moving_counters(standin: StandIn) -> None:
+    child = standin.spawn(*ENGINE_ARGS, "--max-num-seqs", "1")
+    check_busy(standin.target(child))
+
+
+def test_busy_fault_makes_every_generation_long(target: Target, standin: StandIn) -> None:
+    standin.admin("busy", 50)
+    answer = target.generate(timeout=10).json()
+    assert answer["usage"]["completion_tokens"] == 50
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert target.generate(timeout=5, max_tokens=3).json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_client_that_goes_away_is_aborted(target: Target) -> None:
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{target.url}/chat/completions", json=long_request(target)) as r,
+    ):
+        next(r.iter_bytes())
+    wait_for(lambda: target.metrics()["vllm:num_requests_running"] == 0, 10, "the abort")
+    assert target.metrics()["vllm:generation_tokens_total"] < target.long_tokens
+
+
+# wire formats of tool calls (the default scripted model makes none: fed pieces directly)
+
+CALL = ToolCall(name="write", arguments='{"path": "a.txt", "text": "hello"}', id="call_1")
+CALL_PIECES = [Piece("", 0, CALL)] + [Piece(CALL.arguments[i : i + 4], 0) for i in range(0, 36, 4)]
+
+
+def sse_data(frames: list[bytes]) -> list[tuple[str, Any]]:
+    """The frames as a client's SSE parser (httpx-sse) reads them: (event, decoded data)."""
+    headers = {"content-type": "text/event-stream"}
+    response = httpx.Response(200, content=b"".join(frames), headers=headers)
+    events = EventSource(response).iter_sse()
+    return [(e.event, e.data if e.data == "[DONE]" else json.loads(e.data)) for e in events]
+
+
+def test_chat_tool_calls_stream_as_vllms_tool_parsers_do() -> None:
+    chat = Chat("m", {"stream": True, "stream_options": {"include_usage": True}}, 3)
+    frames = chat.stream_open() + chat.stream_pieces(CALL_PIECES[:4])
+    frames += chat.stream_pieces(CALL_PIECES[4:]) + chat.stream_close("tool_calls")
+    data = [d for _, d in sse_data(frames)]
+    deltas = [d["choices"][0]["delta"] for d in data[1:-3]]
+    first = deltas[0]["tool_calls"][0]
+    assert first == {"index": 0, "id": "call_1", "type": "function", "function": {"name": "write"}}
+    arguments = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[1:])
+    assert json.loads(arguments) == {"path": "a.txt", "text": "hello"}
+    assert data[-3]["choices"][0]["finish_reason"] == "tool_calls"
+    assert data[-2]["usage"]["completion_tokens"] == len(CALL_PIECES)
+    whole = chat.body(CALL_PIECES, "tool_calls")["choices"][0]["message"]
+    assert whole["tool_calls"][0]["function"] == {"name": "write", "arguments": CALL.arguments}
+    assert whole["content"] is None
+
+
+def test_responses_function_calls_stream_as_codex_reads_them() -> None:
+    responses = Responses("m", {"stream": True}, 3)
+    frames = responses.stream_open() + responses.stream_pieces([Piece("Hi")])
+    frames += responses.stream_pieces(CALL_PIECES) + responses.stream_close("tool_calls")
+    events = sse_data(frames)
+    kinds = [kind for kind, _ in events]
+    assert kinds[kinds.index("response.output_item.done") + 1] == "response.output_item.added"
+    call_kinds = kinds[kinds.index("response.output_item.done") + 1 :]
+    assert call_kinds[0] == "response.output_item.added"
+    assert set(call_kinds[1:-3]) == {"response.function_call_arguments.delta"}
+    assert call_kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    done = events[-2][1]["item"]
+    assert (done["type"], done["call_id"], done["name"]) == ("function_call", "call_1", "write")
+    assert done["arguments"] == CALL.arguments
+    final = events[-1][1]["response"]
+    assert [i["type"] for i in final["output"]] == ["message", "function_call"]
+
+
 # the start script
 
 
@@ -215,6 +459,38 @@ def test_start_replaces_a_hung_server(server: StandIn) -> None:
     assert process_gone(hung)
     assert server.pid != hung
     assert server.healthy()
+
+
+def test_start_replaces_a_hung_engine_that_still_answers_health(server: StandIn) -> None:
+    hung = server.pid
+    server.admin("engine_hang")
+    assert server.healthy()
+    result = server.start(HEALTH_TIMEOUT="0.5")
+    assert f"server pid {hung} is up but not healthy (hung): stopping" in result.stdout
+    assert process_gone(hung)
+    assert server.pid != hung and server.starts == 2
+    assert server.chat("hi", timeout=2).status_code == 200
+
+
+def test_start_leaves_a_busy_engine_alone(standin: StandIn) -> None:
+    standin.start(MAX_NUM_SEQS="1", TOKENS_PER_SECOND="100")
+    busy = standin.pid
+    stream = Stream(f"{standin.url}/chat/completions", long_request(standin.target()))
+    wait_streaming(stream)
+    result = standin.start(HEALTH_TIMEOUT="0.5")
+    assert "[start] already running (busy)" in result.stdout
+    assert (standin.pid, standin.starts) == (busy, 1)
+    assert stream.wait().data()[-1] == "[DONE]"
+
+
+def test_start_replaces_a_dead_engine_whose_api_still_answers(standin: StandIn) -> None:
+    standin.start(SHUTDOWN_DELAY="30")
+    dying = standin.pid
+    standin.admin("engine_death")
+    assert standin.healthy()
+    result = standin.start()
+    assert f"server pid {dying} is up but not healthy (status 500)" in result.stdout
+    assert standin.pid != dying and standin.chat("hi").status_code == 200
 
 
 def test_start_reports_a_server_that_dies_while_starting(standin: StandIn) -> None:
@@ -279,8 +555,15 @@ def test_agent_no_commit_ticks_only(server: StandIn, repo: Path) -> None:
 
 @pytest.mark.parametrize(
     ("fault", "agent_args"),
-    [("die", []), ("dead_503", []), ("hang", []), (None, ["--fail"])],
-    ids=["refused", "503", "timeout", "--fail"],
+    [
+        ("die", []),
+        ("dead_503", []),
+        ("hang", []),
+        ("engine_hang", []),
+        ("engine_death", []),
+        (None, ["--fail"]),
+    ],
+    ids=["refused", "503", "timeout", "engine-hang", "engine-death", "--fail"],
 )
 def test_agent_fails_cleanly_without_a_working_server(
     server: StandIn, repo: Path, fault: str | None, agent_args: list[str]
@@ -300,3 +583,24 @@ def test_agent_fails_cleanly_without_a_working_server(
     assert git(repo, "status", "--porcelain") == ""
     if not fault:
         assert "/v1/chat/completions" not in server.log()
+
+
+def test_agent_streams_and_a_death_mid_stream_fails_it(standin: StandIn, repo: Path) -> None:
+    standin.start(TOKENS_PER_SECOND="10")
+    before = (repo / "CHECKLIST.md").read_bytes()
+    standin.admin("busy", 100)  # 16 tokens (the agent's max_tokens) at 10 tokens/s
+    command = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", standin.url]
+    agent = subprocess.Popen(
+        [*command, "--model", standin.model, "--timeout", "10", "--", "go"],
+        cwd=repo,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: '"POST /v1/chat/completions HTTP/1.1" 200' in standin.log(), 20, "the call")
+    standin.admin("engine_death")
+    out, err = agent.communicate(timeout=20)
+    assert agent.returncode == 1, out + err
+    assert "error in the stream: EngineCore encountered an issue." in err
+    assert (repo / "CHECKLIST.md").read_bytes() == before

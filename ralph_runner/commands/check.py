@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, loop, plan, tasks
+from ralph_runner import checklist, loop, plan, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -37,14 +37,14 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     variables = _iteration_vars(p)
     problems: list[FatalError] = []
 
-    def each(specs, group: tasks.TaskGroup) -> list[dict[str, Any]]:
+    def each(specs, group: tasks.TaskGroup, scope: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             try:
                 out.append(
                     {
                         "name": spec.name,
-                        spec.kind: tasks.describe(spec, group, variables),
+                        spec.kind: tasks.describe(spec, group, scope),
                         **({"when": spec.task.when} if spec.task.when is not None else {}),
                         **({"timeout": spec.task.timeout} if spec.task.timeout else {}),
                     }
@@ -53,6 +53,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
                 problems.append(exc)
         return out
 
+    at_death = {**variables, "death": recovery.SAMPLE_DEATH}  # collectors and recovery see it
     controller = tasks.TaskGroup(p, connection=p.controller(), cwd=p.workdir)
     target = tasks.TaskGroup(p, timeout=model.diagnostics.timeout)
     try:
@@ -75,17 +76,17 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         "prompt": model.prompt,
         "loop": {
             "max_iterations": model.loop.max_iterations,
-            "steps": each(p.runbook.loop_steps, controller),
+            "steps": each(p.runbook.loop_steps, controller, variables),
         },
         "health": {**model.health.model_dump(exclude={"probes"}), "probes": probes},
         "diagnostics": {
             "log": str(death_log),
             "timeout": model.diagnostics.timeout,
-            "collect": each(p.runbook.collectors, target),
+            "collect": each(p.runbook.collectors, target, at_death),
         },
         "recovery": {
             **model.recovery.model_dump(exclude={"steps"}),
-            "steps": each(p.runbook.recovery_steps, target),
+            "steps": each(p.runbook.recovery_steps, target, at_death),
         },
     }
     if problems:

@@ -10,7 +10,9 @@ request that waits in a busy engine's queue says nothing about liveness. So ever
   token is "stalled", unless more requests than our canary are now active (then: busy).
 
 The probe's memory lives in `ctx.state` (owned by the probe's worker, one check at a time):
-the last counter total and since when it has not moved.
+the last counter total, and since when work has waited without a token (None when idle): the
+later of the last token seen and the first check that saw the work (or our unanswered canary
+sent). A hang at time H is thus timed from H + one check period at the latest.
 """
 
 from __future__ import annotations
@@ -62,25 +64,26 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
     last = state.get("total")
     state["total"] = seen.total
     if last is not None and seen.total > last:
-        state["quiet_since"] = now
-        return (
-            True,
-            None,
-            f"progress: +{seen.total - last:g} tokens, {seen.active:g} active{seen.note}",
-        )
+        state["waiting_since"] = now if seen.active > 0 else None
+        gained = seen.total - last
+        return True, None, f"progress: +{gained:g} tokens, {seen.active:g} active{seen.note}"
     if last is None or seen.total < last:  # first look, or a new server: its counters restart
-        state["quiet_since"] = now
+        state["waiting_since"] = None
     if seen.active > 0:
         return without_tokens(params, state, seen.active, seen.note)
+    state["waiting_since"] = None
     if params.completion is None:
-        state["quiet_since"] = now
         return True, None, f"idle: no request active{seen.note}"
     return canary(params, ctx, deadline, seen)
 
 
 def without_tokens(params: Params, state: dict, active: float, note: str = "") -> Verdict:
-    """Requests active and no token since `quiet_since`: busy, until `stall_after`."""
-    quiet = time.monotonic() - state["quiet_since"]
+    """Requests active and no token: busy until `stall_after` s after the work was first seen
+    waiting (or the last token), then stalled."""
+    now = time.monotonic()
+    if state.get("waiting_since") is None:
+        state["waiting_since"] = now
+    quiet = now - state["waiting_since"]
     if quiet < params.stall_after:
         return True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{note}"
     return False, "stalled", f"no token for {quiet:.1f} s while {active:g} requests active"
@@ -93,9 +96,8 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     try:
         ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))
     except httpx.TimeoutException:
-        return unanswered(params, ctx, deadline, before, within)
+        return unanswered(params, ctx, deadline, before, sent)
     took = time.monotonic() - sent
-    ctx.state["quiet_since"] = time.monotonic()
     if not ok:
         return False, reason, detail
     after = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
@@ -106,20 +108,24 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
 
 
 def unanswered(
-    params: Params, ctx: ProbeContext, deadline: float, before: Scrape, within: float
+    params: Params, ctx: ProbeContext, deadline: float, before: Scrape, sent: float
 ) -> Verdict:
-    """No token within `within`. A request that came meanwhile may hold the engine: busy if
-    tokens moved or more than our canary is active, else the idle engine is stalled."""
+    """No token for our canary. Work that came meanwhile may hold the engine: busy if tokens
+    moved or more than our canary is active; else the idle engine is stalled. Either way our
+    canary is a request waiting since `sent`: the stall clock runs from then."""
+    within = time.monotonic() - sent
     again = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
     if not isinstance(again, Scrape):
         return again
-    ctx.state["total"] = again.total
+    state = ctx.state
+    state["total"] = again.total
     if again.total > before.total:
-        ctx.state["quiet_since"] = time.monotonic()
+        state["waiting_since"] = time.monotonic()
         gained = again.total - before.total
         return True, None, f"busy: +{gained:g} tokens while our 1-token request waited"
+    state["waiting_since"] = sent
     if again.active > 1:  # our canary is at most one of them
-        return without_tokens(params, ctx.state, again.active)
+        return without_tokens(params, state, again.active)
     return False, "stalled", f"idle engine did not answer a 1-token request within {within:.1f} s"
 
 

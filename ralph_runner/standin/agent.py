@@ -1,17 +1,21 @@
 """A stand-in coding agent: one chat completion, then tick the next checklist item and commit.
 
-It behaves like `opencode run` as the loop sees it: it needs the LLM server, and when the call
-fails (refused, timed out, an error status) it prints a short error and exits 1 having changed
-nothing, so ralph-run's verify step and death detection see what they would see in a real run.
+It behaves like `opencode run` as the loop sees it: it needs the LLM server, it streams the
+answer (`"stream": true`, server-sent events, as opencode, aider and codex all do), and when the
+call fails (refused, no byte for `--timeout` s, an error status, an error in the stream, a
+stream cut before `[DONE]`) it prints a short error and exits 1 having changed nothing, so
+ralph-run's verify step and death detection see what they would see in a real run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,12 +24,42 @@ UNCHECKED = re.compile(rb"^[ \t]*- (\[ \])(.*?)\r?$", re.MULTILINE)
 
 
 def ask(url: str, model: str, prompt: str, timeout: float) -> str:
-    """One chat completion; raises httpx.HTTPError or ValueError saying what went wrong."""
-    payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16}
-    response = httpx.post(f"{url.rstrip('/')}/chat/completions", json=payload, timeout=timeout)
-    if response.status_code != httpx.codes.OK:
-        raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
-    return response.json()["choices"][0]["message"]["content"]
+    """One streamed chat completion, its content deltas joined; raises httpx.HTTPError or
+    ValueError saying what went wrong. `timeout` bounds each wait for the next bytes."""
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    endpoint = f"{url.rstrip('/')}/chat/completions"
+    with httpx.stream("POST", endpoint, json=payload, timeout=timeout) as response:
+        if response.status_code != httpx.codes.OK:
+            raise ValueError(f"HTTP {response.status_code}: {response.read().decode()[:200]}")
+        parts = []
+        for data in sse_data(response.iter_lines()):
+            if data == "[DONE]":
+                return "".join(parts)
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ValueError(f"error in the stream: {chunk['error'].get('message')}")
+            parts += [c["delta"].get("content") or "" for c in chunk["choices"]]
+    raise ValueError("the stream ended before [DONE]")
+
+
+def sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The data of each server-sent event (its `data:` lines joined), as the standard reads."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
 
 
 def tick_first(checklist: Path) -> str | None:
@@ -69,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(args.sleep)
     try:
         reply = ask(args.url, args.model, prompt, args.timeout)
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
         print(f"Error: {args.url}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     print(f"model: {reply}", flush=True)

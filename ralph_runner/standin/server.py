@@ -1,13 +1,56 @@
-"""A stand-in for vLLM's OpenAI-compatible server that can die, hang or turn 503 on cue.
+"""A stand-in for vLLM's OpenAI-compatible server that fails the ways vLLM fails, on cue.
 
-ralph-run exists because vLLM's engine dies mid-run (and its API server then exits 0). The demo
-and the tests need a server that fails the same ways, on demand, and whose log reads like vLLM's,
-so that the diagnostics captured at the moment of death look like the real thing.
+ralph-run exists because vLLM's engine dies mid-run (and its API server then exits 0) or hangs
+(and its API server keeps answering). The demo and the tests need a server that fails the same
+ways, on demand, whose wire formats real agents read (SSE streams, tool calls, the Responses
+API), and whose log and /metrics read like vLLM's (0.32, measured: issue 9's table).
 
-Faults are set at any time, without restarting, through `POST /admin/fail` or the control file
-`STATE_DIR/control.json` (read, applied and removed on every request and every stats tick).
-Both take the same keys (see `FAULTS`); `/admin/fail` also takes `{"mode": KEY, "value": V}`.
-A fault lasts until the process ends (or it is set to false); a restarted server starts healthy.
+The engine (engine.py) generates tokens at `--tokens-per-second` per sequence, runs at most
+`--max-num-seqs` sequences (the others wait), and publishes its statistics at each step.
+
+FAULTS (set at any time, without restarting, through `POST /admin/fail` or the control file
+`STATE_DIR/control.json`, read, applied and removed on every request and every stats tick;
+both take `{KEY: VALUE, ...}`, `/admin/fail` also `{"mode": KEY, "value": V}`; a fault lasts
+until the process ends or it is set to false; a restarted server starts healthy):
+
+key (value)            imitates (vLLM 0.32)     what the stand-in does
+---------------------- ------------------------ ----------------------------------------------------
+engine_death           kill -9 of               logs MPClient `engine core exited unexpectedly`,
+                       VLLM::EngineCore         `AsyncLLM output_handler failed`, EngineDeadError;
+                                                generation (in flight too) answers 500 `{"error":
+                                                {"message": "EngineCore encountered an issue. See
+                                                stack trace (above) for the root cause.", ...}}`; a
+                                                chat/completions stream in flight gets that error as
+                                                a data frame, then `data: [DONE]`; a responses
+                                                stream is cut (no last chunk); /health, /v1/models
+                                                and /metrics answer 200 for --shutdown-delay (0.3
+                                                s), then `Shutting down`, exit 0
+die_on_prompt_chars N  the seed's KV-cache      a generation whose prompt has more than N
+                       AssertionError           characters: AssertionError lines, then as
+                                                engine_death
+engine_hang            SIGSTOP of               /health, /v1/models, /metrics 200; gauges keep their
+                       VLLM::EngineCore (vLLM   last values, counters freeze; generation blocks for
+                       #39863)                  ever, streams in flight just stop (connection open);
+                                                nothing logged
+worker_timeout [S]     SIGSTOP of VLLM::Worker  as engine_hang; after S s (true: --execute-model-
+                                                timeout, 300) `TimeoutError: RPC call to
+                                                execute_model timed out.`, then as engine_death
+resume                 SIGCONT                  the hang ends: what waited goes on at once
+busy N                 load, not a fault        every generation makes at least N tokens (as a
+                                                request's `ignore_eos` or `min_tokens`): with --max-
+                                                num-seqs and --tokens-per-second, a full batch, a
+                                                waiting line, counters moving
+tokens_per_second R    a slower or faster       R tokens/s per sequence from now
+                       engine
+die                    (the stand-in's first    the request answers 500, exit 0 at once
+                       death)
+die_at_request N       (as die)                 on the N-th API request from now (admin requests do
+                                                not count)
+hang                   a wedged API server      every endpoint, /health too, never answers (until
+                                                resume)
+dead_503               a dead engine behind an  every API route answers 503, the process stays up
+                       API server that stays up
+slow_once S            one slow answer          the next API request answers after S s
 """
 
 from __future__ import annotations
@@ -17,116 +60,53 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-VERSION = "0.10.1.1"
-CHARS_PER_TOKEN = 4
-BLOCK_TOKENS = 16
-KV_CACHE_TOKENS = 32768
+from ralph_runner.standin import scripted
+from ralph_runner.standin.engine import (
+    BLOCK_TOKENS,
+    KV_CACHE_TOKENS,
+    Engine,
+    EngineDead,
+    Sequence,
+    Stats,
+    plan_of,
+    tokens_of,
+)
+from ralph_runner.standin.vllm_log import ENGINE_DEAD, VllmLog
+from ralph_runner.standin.wire import FORMATS, Format, Responses, error_body
+
 DEFAULT_DEATH_BLOCKS = 25  # the seed's death: num_required_blocks 25 < len(req_blocks) 26
-REPLY = "OK"
+DEFAULT_TOKENS_PER_SECOND = 1000.0
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
+DEFAULT_EXECUTE_MODEL_TIMEOUT = 300.0  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+DEFAULT_SHUTDOWN_DELAY = 0.3  # measured: /health answers ~0.3 s after EngineCore was killed
+COMPLETIONS_MAX_TOKENS = 16  # vLLM's default for /v1/completions; chat has none
 
-FAULTS = {
-    "die": "die now (on the next request or stats tick when set by the control file)",
-    "die_at_request": "die on the N-th API request from now (admin requests do not count)",
-    "die_on_prompt_chars": "a completion whose prompt has more than N characters kills the server",
-    "hang": "accept connections but never answer an API request, /health included",
-    "dead_503": "the engine is dead: every API route answers 503, the process stays up",
-    "slow_once": "the next API request answers after this many seconds, then back to normal",
+FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the table above says more)
+    "engine_death": (bool, "EngineCore dies: 500s, /health 200 for a moment, exit 0"),
+    "die_on_prompt_chars": (int, "a generation with a prompt over N characters kills the engine"),
+    "engine_hang": (bool, "EngineCore stops: health/models/metrics 200, generation blocks"),
+    "worker_timeout": (float, "a hang that kills the engine after S s (true: the option)"),
+    "resume": (bool, "the hang ends: what waited goes on"),
+    "busy": (int, "every generation makes at least N tokens"),
+    "tokens_per_second": (float, "the engine's speed from now, per sequence"),
+    "die": (bool, "die at once: the request answers 500, the process exits 0"),
+    "die_at_request": (int, "as die, on the N-th API request from now"),
+    "hang": (bool, "accept connections but never answer an API request, /health included"),
+    "dead_503": (bool, "the engine is dead: every API route answers 503, the process stays up"),
+    "slow_once": (float, "the next API request answers after this many seconds"),
 }
-
-
-class VllmLog:
-    """Writes lines shaped like vLLM's, flushed one by one, so a `tail` at death shows the end."""
-
-    def __init__(self, path: Path, pid: int) -> None:
-        self.pid = pid
-        self._file = path.open("a", buffering=1, encoding="utf-8")
-        self._lock = threading.Lock()
-
-    def record(self, level: str, where: str, message: str, process: str = "APIServer") -> None:
-        """A vLLM logger line: `(APIServer pid=N) INFO 05-04 01:46:37 [file.py:123] message`."""
-        stamp = datetime.now().strftime("%m-%d %H:%M:%S")
-        self._write(f"({process} pid={self.pid}) {level} {stamp} [{where}] {message}")
-
-    def uvicorn(self, message: str) -> None:
-        """A uvicorn line, as vLLM's API server prints them: `(APIServer pid=N) INFO:     msg`."""
-        self._write(f"(APIServer pid={self.pid}) INFO:     {message}")
-
-    def _write(self, line: str) -> None:
-        with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
-
-    def startup(self, model: str, port: int) -> None:
-        self.record("INFO", "api_server.py:1805", f"vLLM API server version {VERSION} (stand-in)")
-        self.record(
-            "INFO", "utils.py:326", f"non-default args: {{'model': '{model}', 'port': {port}}}"
-        )
-        self.record(
-            "INFO",
-            "core.py:74",
-            f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{model}'",
-            process="EngineCore",
-        )
-        self.record(
-            "INFO",
-            "kv_cache_utils.py:849",
-            f"GPU KV cache size: {KV_CACHE_TOKENS:,} tokens",
-            "EngineCore",
-        )
-        self.record(
-            "INFO", "api_server.py:1847", f"Starting vLLM API server 0 on http://127.0.0.1:{port}"
-        )
-        self.uvicorn(f"Started server process [{self.pid}]")
-        self.uvicorn("Waiting for application startup.")
-        self.uvicorn("Application startup complete.")
-
-    def engine_death(self, blocks: int) -> None:
-        """The lines vLLM printed when its KV-cache manager hit the off-by-one of the seed story."""
-        for line in (
-            "EngineCore encountered a fatal error.",
-            "Traceback (most recent call last):",
-            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_manager.py", '
-            "line 301, in allocate_slots",
-            f"AssertionError: num_required_blocks {blocks} < len(req_blocks) {blocks + 1}",
-        ):
-            self.record("ERROR", "core.py:1110", line, process="EngineCore")
-        self.record("ERROR", "async_llm.py:707", "AsyncLLM output_handler failed.")
-        self.record(
-            "ERROR",
-            "async_llm.py:707",
-            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-            "See stack trace (above) for the root cause.",
-        )
-
-    def shutdown(self) -> None:
-        self.uvicorn("Shutting down")
-        self.uvicorn("Waiting for application shutdown.")
-        self.uvicorn("Application shutdown complete.")
-        self.uvicorn(f"Finished server process [{self.pid}]")
-
-
-@dataclass
-class Faults:
-    """What is currently wrong with the server; changed only under the server's lock."""
-
-    die_now: bool = False
-    die_countdown: int = 0  # 0 = off
-    die_on_prompt_chars: int = 0  # 0 = off
-    hang: bool = False
-    dead: bool = False
-    slow_once: float = 0.0
 
 
 def parse_faults(settings: Any) -> dict[str, Any]:
@@ -140,69 +120,175 @@ def parse_faults(settings: Any) -> dict[str, Any]:
         raise ValueError(
             f"unknown fault {', '.join(map(str, unknown))}; known: {', '.join(FAULTS)}"
         )
-    converters = {"die_at_request": int, "die_on_prompt_chars": int, "slow_once": float}
     try:
-        return {key: converters.get(key, bool)(value) for key, value in settings.items()}
+        return {key: convert(key, value) for key, value in settings.items()}
     except (TypeError, ValueError) as error:
         raise ValueError(f"bad fault value: {error}") from None
 
 
-def tokens_of(chars: int) -> int:
-    return math.ceil(chars / CHARS_PER_TOKEN)
+def convert(key: str, value: Any) -> Any:
+    kind = FAULTS[key][0]
+    if kind is bool or isinstance(value, bool):  # worker_timeout: true -> the option's seconds
+        return bool(value)
+    return kind(value)
 
 
 def text_of(content: Any) -> str:
-    """The text of an OpenAI message content: a string or a list of `{"type": "text"}` parts."""
+    """The text of an OpenAI content: a string or a list of parts with `text` (or `output`)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(
+            text_of(p.get("text", p.get("output", ""))) for p in content if isinstance(p, dict)
+        )
     return ""
 
 
-def prompt_chars_of(path: str, request: Any) -> int | None:
-    """Prompt size of a completion request (sum of message contents); None for other routes."""
-    if not isinstance(request, dict):
-        return None
-    if path == "/v1/chat/completions":
+def prompt_chars_of(route: str, request: dict[str, Any]) -> int:
+    """Prompt size of a generation request: the characters of what the model reads."""
+    if route == "/v1/chat/completions":
         messages = request.get("messages")
         if not isinstance(messages, list):
             return 0
         return sum(len(text_of(m.get("content"))) for m in messages if isinstance(m, dict))
-    if path == "/v1/completions":
-        prompt = request.get("prompt", "")
-        return len(prompt) if isinstance(prompt, str) else len(text_of(prompt))
-    return None
+    if route == "/v1/completions":
+        return len(text_of(request.get("prompt", "")))
+    items = request.get("input", "")
+    if isinstance(items, list):  # responses: messages, function calls and their outputs
+        parts = [i.get("content", i.get("output", i.get("arguments", ""))) for i in items]
+        items = [{"text": text_of(p)} for p in parts if isinstance(p, str | list)]
+    return len(text_of(request.get("instructions") or "")) + len(text_of(items))
 
+
+def max_tokens_of(route: str, request: dict[str, Any], prompt_tokens: int) -> int:
+    keys = {
+        "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
+        "/v1/completions": ("max_tokens",),
+        "/v1/responses": ("max_output_tokens",),
+    }[route]
+    for key in keys:
+        value = request.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    if route == "/v1/completions":
+        return COMPLETIONS_MAX_TOKENS
+    return max(1, KV_CACHE_TOKENS - prompt_tokens)
+
+
+def min_tokens_of(request: dict[str, Any], max_tokens: int) -> int:
+    """vLLM's sampling extras: `ignore_eos` generates max_tokens, `min_tokens` at least that."""
+    if request.get("ignore_eos") is True:
+        return max_tokens
+    value = request.get("min_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
+METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[str, float]]]]] = [
+    # name (a counter's exposed name gets _total), type, vLLM's help text, its samples
+    (
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        lambda s: [("", s.running)],
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        lambda s: [("", s.waiting)],
+    ),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        lambda s: [("", s.kv_cache_usage)],
+    ),
+    (
+        "vllm:num_preemptions",
+        "counter",
+        "Cumulative number of preemption from the engine.",
+        lambda s: [("", s.preemptions)],
+    ),
+    (
+        "vllm:prompt_tokens",
+        "counter",
+        "Number of prefill tokens processed.",
+        lambda s: [("", s.prompt_tokens)],
+    ),
+    (
+        "vllm:generation_tokens",
+        "counter",
+        "Number of generation tokens processed.",
+        lambda s: [("", s.generation_tokens)],
+    ),
+    (
+        "vllm:request_success",
+        "counter",
+        "Count of successfully processed requests.",
+        lambda s: [(f',finished_reason="{r}"', s.finished[r]) for r in FINISH_REASONS],
+    ),
+]
 
 ROUTES = {  # path -> (method, Handler method)
     "/health": ("GET", "health"),
     "/v1/models": ("GET", "models"),
     "/metrics": ("GET", "metrics"),
-    "/v1/chat/completions": ("POST", "completion"),
-    "/v1/completions": ("POST", "completion"),
+    "/v1/chat/completions": ("POST", "generation"),
+    "/v1/completions": ("POST", "generation"),
+    "/v1/responses": ("POST", "generation"),
 }
-ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+@dataclass
+class Faults:
+    """The API server's own faults (the engine's are in the engine); changed under a lock."""
+
+    die_now: bool = False
+    die_countdown: int = 0  # 0 = off
+    die_on_prompt_chars: int = 0  # 0 = off
+    hang: bool = False
+    dead: bool = False
+    slow_once: float = 0.0
+    busy: int = 0
+
+
+@dataclass
+class Options:
+    port: int
+    state_dir: Path
+    model: str
+    log: Path
+    stats_interval: float = 1.0
+    tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    execute_model_timeout: float = DEFAULT_EXECUTE_MODEL_TIMEOUT
+    shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
+    script: Path | None = None
 
 
 class StandInServer(ThreadingHTTPServer):
-    """The HTTP server plus the engine's state: faults, gauges, log and state files."""
+    """The HTTP server plus the API server's state: faults, engine, log and state files."""
 
     daemon_threads = True  # hung requests must never keep the process alive
 
-    def __init__(self, port: int, state_dir: Path, model: str, log: VllmLog) -> None:
-        super().__init__(("127.0.0.1", port), Handler)
+    def __init__(self, options: Options, log: VllmLog) -> None:
+        super().__init__(("127.0.0.1", options.port), Handler)
         self.port = self.server_address[1]
-        self.state_dir = state_dir
-        self.model = model
+        self.options = options
+        self.state_dir = options.state_dir
+        self.model = options.model
         self.log = log
         self.lock = threading.Lock()
         self.faults = Faults()
-        self.running = 0
+        self.engine = Engine(options.tokens_per_second, options.max_num_seqs)
         self.last_prompt_tokens = 0
-        self.prompt_tokens_since_tick = 0
-        self.generation_tokens_since_tick = 0
-        self.released = threading.Event()  # set at shutdown; hung requests wait for it
+        self.released = threading.Condition()  # hung requests wait here (`hang`)
+        self.closing = False
+        self.engine_dead = False
+        self._logged_stats = Stats()
+        self.started = time.time()
+        self._worker_timer: threading.Timer | None = None
         self._dying = threading.Lock()
         self._control_lock = threading.Lock()
 
@@ -219,12 +305,54 @@ class StandInServer(ThreadingHTTPServer):
             f.die_now = faults.get("die", f.die_now)
             f.die_countdown = faults.get("die_at_request", f.die_countdown)
             f.die_on_prompt_chars = faults.get("die_on_prompt_chars", f.die_on_prompt_chars)
-            f.hang = faults.get("hang", f.hang)
             f.slow_once = faults.get("slow_once", f.slow_once)
-            engine_dies = faults.get("dead_503", False) and not f.dead
+            f.busy = faults.get("busy", f.busy)
+            legacy_dies = faults.get("dead_503", False) and not f.dead
             f.dead = faults.get("dead_503", f.dead)
-        if engine_dies:
-            self.log.engine_death(self.death_blocks())
+        if "hang" in faults:
+            with self.released:
+                self.faults.hang = faults["hang"]
+                self.released.notify_all()
+        if legacy_dies:
+            self.log.legacy_death(self.death_blocks())
+        if "tokens_per_second" in faults:
+            self.engine.set_rate(faults["tokens_per_second"])
+        if faults.get("engine_hang") or faults.get("worker_timeout") is not None:
+            self.hang_engine(faults.get("worker_timeout"))
+        if faults.get("resume") or faults.get("engine_hang") is False:
+            self.resume()
+        if faults.get("engine_death"):
+            self.kill_engine("engine_death", self.log.engine_core_exited)
+
+    def hang_engine(self, worker_timeout: float | bool | None) -> None:
+        """EngineCore (or a Worker: then EngineCore gives up after the RPC timeout) stops."""
+        if worker_timeout is False:
+            return
+        self.engine.hang()
+        if worker_timeout is None:
+            return
+        seconds = self.options.execute_model_timeout if worker_timeout is True else worker_timeout
+        self._cancel_worker_timer()
+        self._worker_timer = threading.Timer(seconds, self.worker_timed_out)
+        self._worker_timer.daemon = True
+        self._worker_timer.start()
+
+    def _cancel_worker_timer(self) -> None:
+        if self._worker_timer is not None:
+            self._worker_timer.cancel()
+            self._worker_timer = None
+
+    def worker_timed_out(self) -> None:
+        self.kill_engine(
+            "worker_timeout", self.log.execute_model_timeout, self.log.engine_core_exited
+        )
+
+    def resume(self) -> None:
+        self._cancel_worker_timer()
+        with self.released:
+            self.faults.hang = False
+            self.released.notify_all()
+        self.engine.resume()
 
     def poll_control_file(self) -> None:
         """Applies and removes STATE_DIR/control.json, once, even with requests racing for it."""
@@ -242,8 +370,8 @@ class StandInServer(ThreadingHTTPServer):
         except ValueError as error:  # JSONDecodeError is one
             self.log.record("WARNING", "standin.py:1", f"ignored {path.name}: {error}")
 
-    def death_due(self, prompt_chars: int | None) -> str | None:
-        """Counts this API request against the faults; the reason to die now, or None."""
+    def death_due(self) -> str | None:
+        """Counts this API request against the legacy faults; the reason to die now, or None."""
         with self.lock:
             f = self.faults
             if f.die_now:
@@ -252,11 +380,21 @@ class StandInServer(ThreadingHTTPServer):
                 f.die_countdown -= 1
                 if not f.die_countdown:
                     return "die_at_request"
-            limit = f.die_on_prompt_chars
-            if limit and prompt_chars is not None and prompt_chars > limit:
-                self.last_prompt_tokens = tokens_of(prompt_chars)
-                return f"die_on_prompt_chars ({prompt_chars} > {limit})"
         return None
+
+    def prompt_kills(self, prompt_chars: int) -> bool:
+        """die_on_prompt_chars: this prompt is the one the KV-cache manager cannot place."""
+        limit = self.faults.die_on_prompt_chars
+        if not limit or prompt_chars <= limit:
+            return False
+        self.last_prompt_tokens = tokens_of(prompt_chars)
+        blocks = self.death_blocks()
+        self.kill_engine(
+            f"die_on_prompt_chars ({prompt_chars} > {limit})",
+            lambda: self.log.kv_cache_assertion(blocks),
+            self.log.engine_core_exited,
+        )
+        return True
 
     def take_slow_once(self) -> float:
         with self.lock:
@@ -267,10 +405,33 @@ class StandInServer(ThreadingHTTPServer):
         tokens = self.last_prompt_tokens
         return math.ceil(tokens / BLOCK_TOKENS) if tokens else DEFAULT_DEATH_BLOCKS
 
+    def kill_engine(self, reason: str, *log_lines: Callable[[], None]) -> None:
+        """The engine dies as vLLM's does: its lines logged, every generation (in flight too)
+        failed with EngineDeadError, then after `--shutdown-delay` the API server shuts down
+        and the process exits 0."""
+        with self.lock:
+            if self.engine_dead:
+                return
+            self.engine_dead = True
+        self._cancel_worker_timer()
+        for write in log_lines:
+            write()
+        self.engine.die(ENGINE_DEAD)
+        timer = threading.Timer(self.options.shutdown_delay, self.die_quietly, args=(reason,))
+        timer.daemon = True
+        timer.start()
+
+    def die_quietly(self, reason: str) -> NoReturn:
+        """The API server's end after its engine died: uvicorn's shutdown lines, exit 0."""
+        self._dying.acquire()
+        self.log.shutdown()
+        self.finish(code=0, reason=f"engine dead: {reason}")
+        os._exit(0)
+
     def die(self, reason: str) -> NoReturn:
-        """Dies like vLLM does when its engine dies: error lines, shutdown lines, exit code 0."""
+        """The legacy death: error lines, shutdown lines, exit code 0, all at once."""
         self._dying.acquire()  # a second death waits here until the process is gone
-        self.log.engine_death(self.death_blocks())
+        self.log.legacy_death(self.death_blocks())
         self.log.shutdown()
         self.finish(code=0, reason=f"engine dead: {reason}")
         os._exit(0)
@@ -281,47 +442,43 @@ class StandInServer(ThreadingHTTPServer):
         write_json(self.state_dir / "exit.json", marker)
         (self.state_dir / "server.pid").unlink(missing_ok=True)
 
-    # gauges
+    def release(self) -> None:
+        """At shutdown: requests held by `hang` end (their connections close unanswered)."""
+        with self.released:
+            self.closing = True
+            self.released.notify_all()
 
-    def record_completion(self, prompt_chars: int) -> None:
-        with self.lock:
-            self.last_prompt_tokens = tokens_of(prompt_chars)
-            self.prompt_tokens_since_tick += self.last_prompt_tokens
-            self.generation_tokens_since_tick += 1
-
-    def kv_cache_usage(self) -> float:
-        return min(1.0, self.last_prompt_tokens / KV_CACHE_TOKENS)
+    # statistics
 
     def metrics(self) -> str:
-        """Prometheus text with the gauges an operator (or a `gpu` probe) looks at."""
-        labels = f'{{engine="0",model_name="{self.model}"}}'
-        usage = self.kv_cache_usage()
-        gauges = [
-            ("vllm:num_requests_running", "Requests in model execution batches.", self.running),
-            ("vllm:num_requests_waiting", "Requests waiting to be processed.", 0),
-            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent.", usage),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.", usage),
-        ]
-        lines = []
-        for name, help_text, value in gauges:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            lines.append(f"{name}{labels} {float(value)}")
+        """Prometheus text as vLLM's /metrics (prometheus_client's exposition) of the engine's
+        last published statistics: a hung engine shows its last gauges and frozen counters."""
+        stats = self.engine.stats
+        labels = f'model_name="{self.model}",engine="0"'
+        lines: list[str] = []
+        for name, kind, help_text, value_of in METRICS:
+            exposed = f"{name}_total" if kind == "counter" else name
+            lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}"]
+            for extra, value in value_of(stats):
+                lines.append(f"{exposed}{{{labels}{extra}}} {float(value)}")
+                if kind == "counter":  # prometheus_client's creation time of each series
+                    lines.append(f"{name}_created{{{labels}{extra}}} {go_float(self.started)}")
         return "\n".join(lines) + "\n"
 
     def tick(self, seconds: float) -> None:
         """One periodic stats line, like vLLM's `loggers.py`, and a look at the control file."""
         self.poll_control_file()
-        with self.lock:
-            prompt, self.prompt_tokens_since_tick = self.prompt_tokens_since_tick, 0
-            generation, self.generation_tokens_since_tick = self.generation_tokens_since_tick, 0
-            running = self.running
+        stats, last = self.engine.stats, self._logged_stats
+        self._logged_stats = stats
+        prompt = (stats.prompt_tokens - last.prompt_tokens) / seconds
+        generation = (stats.generation_tokens - last.generation_tokens) / seconds
         self.log.record(
             "INFO",
-            "loggers.py:123",
-            f"Engine 000: Avg prompt throughput: {prompt / seconds:.1f} tokens/s, "
-            f"Avg generation throughput: {generation / seconds:.1f} tokens/s, "
-            f"Running: {running} reqs, Waiting: 0 reqs, "
-            f"GPU KV cache usage: {self.kv_cache_usage() * 100:.1f}%, Prefix cache hit rate: 0.0%",
+            "loggers.py:326",
+            f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
+            f"Avg generation throughput: {generation:.1f} tokens/s, "
+            f"Running: {stats.running} reqs, Waiting: {stats.waiting} reqs, "
+            f"GPU KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: 0.0%",
         )
         if self.faults.die_now:
             self.die("die")
@@ -355,31 +512,30 @@ class Handler(BaseHTTPRequestHandler):
             self.admin()
             return
         srv.poll_control_file()
-        self.prompt_chars = prompt_chars_of(self.route, self.request_json)
-        death = srv.death_due(self.prompt_chars)
+        death = srv.death_due()
         if death:
             self.send_error_json(
                 HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD, "InternalServerError"
             )
             srv.die(death)
-        if srv.faults.hang:
-            srv.released.wait()
+        if not self.wait_unless_hung():
             self.close_connection = True
             return
-        is_completion = self.prompt_chars is not None
-        with srv.lock:
-            srv.running += is_completion
-        try:
-            delay = srv.take_slow_once()
-            if delay:
-                time.sleep(delay)
-            if srv.faults.dead:
-                self.send_error_json(HTTPStatus.SERVICE_UNAVAILABLE, ENGINE_DEAD, "EngineDeadError")
-            else:
-                self.dispatch()
-        finally:
-            with srv.lock:
-                srv.running -= is_completion
+        delay = srv.take_slow_once()
+        if delay:
+            time.sleep(delay)
+        if srv.faults.dead:
+            self.send_error_json(HTTPStatus.SERVICE_UNAVAILABLE, ENGINE_DEAD, "EngineDeadError")
+        else:
+            self.dispatch()
+
+    def wait_unless_hung(self) -> bool:
+        """`hang`: holds the request until resumed (True) or the server shuts down (False)."""
+        srv = self.server
+        with srv.released:
+            while srv.faults.hang and not srv.closing:
+                srv.released.wait()
+            return not srv.closing
 
     def dispatch(self) -> None:
         if self.route not in ROUTES:
@@ -411,9 +567,11 @@ class Handler(BaseHTTPRequestHandler):
         }
         self.send_json(HTTPStatus.OK, {"object": "list", "data": [card]})
 
-    def completion(self) -> None:
-        srv, request, prompt_chars = self.server, self.request_json, self.prompt_chars
-        if not isinstance(request, dict) or prompt_chars is None:
+    # generation
+
+    def generation(self) -> None:
+        srv, request = self.server, self.request_json
+        if not isinstance(request, dict):
             self.send_error_json(
                 HTTPStatus.BAD_REQUEST, "body is not a JSON object", "BadRequestError"
             )
@@ -423,31 +581,87 @@ class Handler(BaseHTTPRequestHandler):
             message = f"The model `{model}` does not exist."
             self.send_error_json(HTTPStatus.NOT_FOUND, message, "NotFoundError")
             return
-        srv.record_completion(prompt_chars)
-        max_tokens = request.get("max_tokens")
-        finish = "length" if isinstance(max_tokens, int) and max_tokens <= 1 else "stop"
-        prompt_tokens = tokens_of(prompt_chars)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": 1,
-            "total_tokens": prompt_tokens + 1,
-        }
-        if self.route == "/v1/chat/completions":
-            kind, prefix = "chat.completion", "chatcmpl"
-            message = {"role": "assistant", "content": REPLY}
-            choice = {"index": 0, "message": message, "finish_reason": finish}
+        prompt_chars = prompt_chars_of(self.route, request)
+        if srv.prompt_kills(prompt_chars) or srv.engine_dead:
+            self.send_error_json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD, "InternalServerError"
+            )
+            return
+        answer = FORMATS[self.route](model, request, tokens_of(prompt_chars))
+        reply = scripted.reply_for(answer.api, request, srv.options.script)
+        max_tokens = max_tokens_of(self.route, request, answer.prompt_tokens)
+        at_least = max(min_tokens_of(request, max_tokens), srv.faults.busy)
+        plan, finish_reason = plan_of(reply, max_tokens, at_least)
+        sequence = Sequence(answer.prompt_tokens, plan, finish_reason)
+        srv.last_prompt_tokens = answer.prompt_tokens
+        try:
+            srv.engine.submit(sequence)
+        except EngineDead:
+            self.send_error_json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD, "InternalServerError"
+            )
+            return
+        if request.get("stream") is True:
+            self.stream(answer, sequence)
         else:
-            kind, prefix = "text_completion", "cmpl"
-            choice = {"index": 0, "text": REPLY, "finish_reason": finish, "logprobs": None}
-        reply = {
-            "id": f"{prefix}-{uuid.uuid4().hex}",
-            "object": kind,
-            "created": int(time.time()),
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-        }
-        self.send_json(HTTPStatus.OK, reply)
+            self.whole(answer, sequence)
+
+    def whole(self, answer: Format, sequence: Sequence) -> None:
+        """Waits for the whole generation (for ever if the engine hangs), then one body."""
+        try:
+            pieces = self.server.engine.collect(sequence)
+        except EngineDead:
+            self.send_error_json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD, "InternalServerError"
+            )
+            return
+        self.send_json(HTTPStatus.OK, answer.body(pieces, sequence.finish_reason))
+
+    def stream(self, answer: Format, sequence: Sequence) -> None:
+        """Server-sent events, chunked as uvicorn sends a StreamingResponse: each batch of
+        new tokens is written (and flushed) as soon as the engine has made it."""
+        engine = self.server.engine
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        seen = 0
+        try:
+            self.send_frames(answer.stream_open())
+            while True:
+                try:
+                    pieces, done = engine.progress(sequence, seen)
+                except EngineDead:
+                    break
+                seen += len(pieces)
+                self.send_frames(answer.stream_pieces(pieces))
+                if done:
+                    self.send_frames(answer.stream_close(sequence.finish_reason))
+                    self.end_chunks()
+                    return
+            if isinstance(answer, Responses):  # vLLM: the exception escapes the stream
+                self.drop_connection()
+                return
+            self.send_frames(answer.stream_error(ENGINE_DEAD))
+            self.end_chunks()
+        except OSError:  # the client went away: vLLM aborts the request
+            engine.abort(sequence)
+            self.close_connection = True
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        self.wfile.flush()
+
+    def end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def drop_connection(self) -> None:
+        """The stream ends without its last chunk, as uvicorn leaves a failed StreamingResponse."""
+        self.close_connection = True
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def admin(self) -> None:
         try:
@@ -462,8 +676,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error_json(self, status: HTTPStatus, message: str, kind: str) -> None:
         """vLLM's error body: `{"error": {"message", "type", "param", "code"}}`."""
-        error = {"message": message, "type": kind, "param": None, "code": status.value}
-        self.send_json(status, {"error": error})
+        self.send_json(status, error_body(message, kind, status.value))
 
     def send_json(self, status: HTTPStatus, payload: Any) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")
@@ -488,6 +701,15 @@ class Handler(BaseHTTPRequestHandler):
         self.server.log.record("WARNING", "http.py:1", format % args)
 
 
+def go_float(value: float) -> str:
+    """A float as prometheus_client writes a large one: `1.7961118358359013e+09`."""
+    text = repr(value)
+    dot = text.find(".")
+    if dot <= 6:
+        return text
+    return f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0") + f"e+0{dot - 1}"
+
+
 def write_json(path: Path, payload: Any) -> None:
     """Writes atomically, so a reader never sees half a file."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -495,16 +717,19 @@ def write_json(path: Path, payload: Any) -> None:
     partial.replace(path)
 
 
-def serve(port: int, state_dir: Path, model: str, log_path: Path, stats_interval: float) -> int:
+def serve(options: Options) -> int:
+    state_dir = options.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    options.log.parent.mkdir(parents=True, exist_ok=True)
     (state_dir / "exit.json").unlink(missing_ok=True)
-    log = VllmLog(log_path, os.getpid())
+    log = VllmLog(options.log, os.getpid())
     try:
-        server = StandInServer(port, state_dir, model, log)
+        server = StandInServer(options, log)
     except OSError as error:
         log.record(
-            "ERROR", "api_server.py:1830", f"[Errno {error.errno}] {error.strerror}: port {port}"
+            "ERROR",
+            "api_server.py:1830",
+            f"[Errno {error.errno}] {error.strerror}: port {options.port}",
         )
         write_json(state_dir / "exit.json", {"pid": log.pid, "code": 1, "reason": str(error)})
         return 1
@@ -512,12 +737,12 @@ def serve(port: int, state_dir: Path, model: str, log_path: Path, stats_interval
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     (state_dir / "server.pid").write_text(f"{log.pid}\n", encoding="utf-8")
-    log.startup(model, server.port)
+    log.startup(options.model, server.port, KV_CACHE_TOKENS, options.max_num_seqs)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    while not stop.wait(stats_interval):
-        server.tick(stats_interval)
+    while not stop.wait(options.stats_interval):
+        server.tick(options.stats_interval)
     log.shutdown()
-    server.released.set()
+    server.release()
     server.shutdown()
     server.server_close()
     server.finish(code=0, reason="SIGTERM")
@@ -533,9 +758,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stats-interval", type=float, default=1.0, help="seconds between stats lines"
     )
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=DEFAULT_TOKENS_PER_SECOND,
+        help=f"generation speed per sequence (default {DEFAULT_TOKENS_PER_SECOND:g})",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEFAULT_MAX_NUM_SEQS,
+        help=f"sequences generated at once; the others wait (default {DEFAULT_MAX_NUM_SEQS})",
+    )
+    parser.add_argument(
+        "--execute-model-timeout",
+        type=float,
+        default=DEFAULT_EXECUTE_MODEL_TIMEOUT,
+        help="seconds before worker_timeout kills the engine (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS)",
+    )
+    parser.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=DEFAULT_SHUTDOWN_DELAY,
+        help="seconds the API server answers after its engine died, before it exits 0",
+    )
+    parser.add_argument(
+        "--script", type=Path, help="what the scripted model answers (see scripted.py)"
+    )
     args = parser.parse_args(argv)
-    log_path = args.log or args.state_dir / "server.log"
-    return serve(args.port, args.state_dir, args.model, log_path, args.stats_interval)
+    options = Options(
+        port=args.port,
+        state_dir=args.state_dir,
+        model=args.model,
+        log=args.log or args.state_dir / "server.log",
+        stats_interval=args.stats_interval,
+        tokens_per_second=args.tokens_per_second,
+        max_num_seqs=args.max_num_seqs,
+        execute_model_timeout=args.execute_model_timeout,
+        shutdown_delay=args.shutdown_delay,
+        script=args.script,
+    )
+    return serve(options)
 
 
 if __name__ == "__main__":

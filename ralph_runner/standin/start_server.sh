@@ -3,9 +3,16 @@
 # is left alone; a hung or dead one is cleared away; a new one is started in its own session (so it
 # outlives this script and whatever kills this script's process tree) and polled until healthy.
 #
+# "Healthy" is not /health alone: a hung engine answers /health (and /v1/models, /metrics) with 200
+# while no generation ever ends. So the check also asks for one token within HEALTH_TIMEOUT; when
+# that times out, the token counters in /metrics tell a busy engine (they moved: left alone) from
+# a hung one (they did not: its whole process group is stopped and a new server started).
+#
 # usage: start_server.sh [PORT [STATE_DIR]]          (or the env variables PORT and STATE_DIR)
 # env:   PYTHON (python3), MODEL (stand-in), LOG (STATE_DIR/server.log), and in seconds:
 #        START_TIMEOUT (20, whole), STOP_TIMEOUT (5, whole), HEALTH_TIMEOUT (2, per health check)
+#        passed to the server when set: TOKENS_PER_SECOND, MAX_NUM_SEQS, EXECUTE_MODEL_TIMEOUT,
+#        SHUTDOWN_DELAY, SCRIPT (see `python -m ralph_runner.standin.server --help`)
 # files in STATE_DIR: server.pid, server.log, starts (servers launched so far), and fail_starts:
 #        write N there and the next N starts fail like a start while another job holds the GPU.
 set -euo pipefail
@@ -17,7 +24,7 @@ MODEL="${MODEL:-stand-in}"
 START_TIMEOUT="${START_TIMEOUT:-20}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-2}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-5}"
-HEALTH_URL="http://127.0.0.1:$PORT/health"
+ROOT_URL="http://127.0.0.1:$PORT"
 PID_FILE="$STATE_DIR/server.pid"
 LOG="${LOG:-$STATE_DIR/server.log}"
 
@@ -27,9 +34,35 @@ export PYTHONPATH="$PACKAGE_PARENT${PYTHONPATH:+:$PYTHONPATH}"
 
 now_us() { echo "${EPOCHREALTIME/./}"; }
 
-healthy() {  # curl is not everywhere; the python that runs the server is
-  "$PYTHON" -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=float(sys.argv[2]))' \
-    "$HEALTH_URL" "$HEALTH_TIMEOUT" >/dev/null 2>&1
+# One check, printed as one word: healthy | busy | hung | down | status N. Exit 0 for healthy/busy.
+CHECK='
+import json, sys, urllib.error, urllib.request as u
+root, model, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def tokens():
+    text = u.urlopen(root + "/metrics", timeout=timeout).read().decode()
+    names = ("vllm:generation_tokens_total{", "vllm:prompt_tokens_total{")
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(names))
+try:
+    u.urlopen(root + "/health", timeout=timeout)
+    before = tokens()
+    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
+    ask = u.Request(root + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        u.urlopen(ask, timeout=timeout).read()
+    except TimeoutError:
+        moved = tokens() > before
+        print("busy" if moved else "hung")
+        sys.exit(0 if moved else 3)
+    print("healthy")
+except urllib.error.HTTPError as error:
+    print(f"status {error.code}")
+    sys.exit(1)
+except (OSError, ValueError):
+    print("down")
+    sys.exit(1)
+'
+check() {  # curl is not everywhere; the python that runs the server is
+  "$PYTHON" -c "$CHECK" "$ROOT_URL" "$MODEL" "$HEALTH_TIMEOUT" 2>/dev/null || true
 }
 
 is_server() {  # PID: is it alive and our server, not a recycled pid or a zombie?
@@ -44,11 +77,13 @@ wait_gone() {  # PID SECONDS
   done
 }
 
-stop_server() {  # PID: TERM, then KILL, then make sure it is gone
-  kill -TERM "$1" 2>/dev/null || true
+stop_server() {  # PID: TERM, then KILL, its process group if it leads one; then make sure
+  local target="$1"
+  [[ "$(ps -o pgid= -p "$1" 2>/dev/null | tr -d ' ')" == "$1" ]] && target="-$1"
+  kill -TERM -- "$target" 2>/dev/null || true
   wait_gone "$1" "$STOP_TIMEOUT" && return 0
   echo "[start] pid $1 ignored SIGTERM for ${STOP_TIMEOUT}s: SIGKILL"
-  kill -KILL "$1" 2>/dev/null || true
+  kill -KILL -- "$target" 2>/dev/null || true
   wait_gone "$1" 5 || { echo "[start] pid $1 survived SIGKILL" >&2; exit 1; }
 }
 
@@ -59,14 +94,15 @@ fail_with_log() {  # MESSAGE
 }
 
 mkdir -p "$STATE_DIR"
-if healthy; then
-  echo "[start] already running"
+state="$(check)"
+if [[ "$state" == healthy || "$state" == busy ]]; then
+  echo "[start] already running ($state)"
   exit 0
 fi
 
 old_pid="$(cat "$PID_FILE" 2>/dev/null || true)"
 if [[ -n "$old_pid" ]] && is_server "$old_pid"; then
-  echo "[start] server pid $old_pid is up but not healthy: stopping it"
+  echo "[start] server pid $old_pid is up but not healthy ($state): stopping its process group"
   stop_server "$old_pid"
 fi
 rm -f "$PID_FILE"
@@ -83,13 +119,17 @@ echo $((starts + 1)) >"$STATE_DIR/starts"
 echo "[start] starting the vLLM stand-in on port $PORT (log: $LOG)"
 # setsid: its own session, so killing this script's session or tree leaves the server running.
 # No job control here, so the child is not a group leader and setsid execs in place: $! is the server.
-setsid "$PYTHON" -m ralph_runner.standin.server \
-  --port "$PORT" --state-dir "$STATE_DIR" --model "$MODEL" --log "$LOG" \
-  </dev/null >>"$LOG" 2>&1 &
+server_args=(--port "$PORT" --state-dir "$STATE_DIR" --model "$MODEL" --log "$LOG")
+[[ -n "${TOKENS_PER_SECOND:-}" ]] && server_args+=(--tokens-per-second "$TOKENS_PER_SECOND")
+[[ -n "${MAX_NUM_SEQS:-}" ]] && server_args+=(--max-num-seqs "$MAX_NUM_SEQS")
+[[ -n "${EXECUTE_MODEL_TIMEOUT:-}" ]] && server_args+=(--execute-model-timeout "$EXECUTE_MODEL_TIMEOUT")
+[[ -n "${SHUTDOWN_DELAY:-}" ]] && server_args+=(--shutdown-delay "$SHUTDOWN_DELAY")
+[[ -n "${SCRIPT:-}" ]] && server_args+=(--script "$SCRIPT")
+setsid "$PYTHON" -m ralph_runner.standin.server "${server_args[@]}" </dev/null >>"$LOG" 2>&1 &
 pid=$!
 
 deadline=$(($(now_us) + START_TIMEOUT * 1000000))
-until healthy; do
+until [[ "$(check)" == healthy ]]; do
   is_server "$pid" || fail_with_log "server exited during startup"
   if (($(now_us) >= deadline)); then
     stop_server "$pid"

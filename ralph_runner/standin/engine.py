@@ -1,0 +1,209 @@
+"""The stand-in's engine: a scheduler that generates tokens at a rate, as vLLM's EngineCore does.
+
+What ralph-run must tell apart is visible only in an engine's timing: a busy engine (requests
+queued behind `--max-num-seqs`, long generations) keeps its token counters moving; a hung one
+keeps its gauges and freezes its counters while every generation waits. So this engine has a
+waiting line and a running batch, one thread that steps them (each running sequence gets its
+tokens per step), and statistics published only by that thread, at each step, as vLLM's
+EngineCore publishes them: when it stops, /metrics shows the last values, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from ralph_runner.standin.scripted import Reply, ToolCall
+
+CHARS_PER_TOKEN = 4
+BLOCK_TOKENS = 16
+KV_CACHE_TOKENS = 32768
+MIN_STEP_SECONDS = 0.01  # above 100 tokens/s a step generates several tokens per sequence
+
+
+def tokens_of(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def pieces_of(text: str) -> list[str]:
+    """Text cut into token-sized pieces: what one generated token adds."""
+    return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token: a piece of text, or of tool call `call` (its first piece opens it)."""
+
+    text: str
+    call: int | None = None
+    opens: ToolCall | None = None
+
+
+def plan_of(reply: Reply, max_tokens: int, filler_tokens: int = 0) -> tuple[list[Piece], str]:
+    """The tokens a reply takes, cut at `max_tokens`, and the finish reason vLLM would give.
+
+    `filler_tokens`: generate at least this many (vLLM's `ignore_eos`/`min_tokens`): the text
+    goes on with filler words, as a model that does not stop.
+    """
+    plan = [Piece(p) for p in pieces_of(reply.text)]
+    for index, call in enumerate(reply.tool_calls):
+        plan.append(Piece("", index, call))
+        plan += [Piece(p, index) for p in pieces_of(call.arguments)]
+    while len(plan) < filler_tokens and not reply.tool_calls:
+        plan.append(Piece(" ok "))
+    if len(plan) >= max_tokens:
+        return plan[:max_tokens], "tool_calls" if reply.tool_calls else "length"
+    return plan, "tool_calls" if reply.tool_calls else "stop"
+
+
+class EngineDead(Exception):
+    """The engine has died: every generation, the ones in flight included, fails with this."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the engine: its prompt, the tokens it will generate, how far it has got."""
+
+    prompt_tokens: int
+    plan: list[Piece]
+    finish_reason: str
+    produced: int = 0
+    done: bool = False
+    aborted: bool = False
+
+    @property
+    def kv_blocks(self) -> int:
+        return math.ceil((self.prompt_tokens + self.produced) / BLOCK_TOKENS)
+
+
+@dataclass
+class Stats:
+    """What the engine last published: /metrics and the stats log line read only this."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished: Counter[str] = field(default_factory=Counter)
+
+
+class Engine:
+    """The waiting line, the running batch and the thread that steps them (the "EngineCore")."""
+
+    def __init__(self, tokens_per_second: float, max_num_seqs: int) -> None:
+        self.cond = threading.Condition()
+        self.max_num_seqs = max_num_seqs
+        self.set_rate(tokens_per_second)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.hung = False
+        self.dead: str | None = None  # the error message, once dead
+        self._credit = 0.0
+        self._totals = Stats()
+        self.stats = Stats()  # published
+        threading.Thread(target=self._run, name="EngineCore", daemon=True).start()
+
+    def set_rate(self, tokens_per_second: float) -> None:
+        """Tokens per second per running sequence (vLLM: one token per sequence per step)."""
+        self.step_seconds = max(1.0 / tokens_per_second, MIN_STEP_SECONDS)
+        self.tokens_per_step = tokens_per_second * self.step_seconds
+
+    # what the API server calls
+
+    def submit(self, sequence: Sequence) -> None:
+        with self.cond:
+            if self.dead:
+                raise EngineDead(self.dead)
+            self.waiting.append(sequence)
+            self.cond.notify_all()
+
+    def progress(self, sequence: Sequence, seen: int) -> tuple[list[Piece], bool]:
+        """Blocks until `sequence` has tokens past `seen` or is done; the new ones, and done.
+
+        Raises EngineDead when the engine dies meanwhile; blocks for ever while it hangs.
+        """
+        with self.cond:
+            while not self.dead and sequence.produced <= seen and not sequence.done:
+                self.cond.wait()
+            if self.dead:
+                raise EngineDead(self.dead)
+            return sequence.plan[seen : sequence.produced], sequence.done
+
+    def collect(self, sequence: Sequence) -> list[Piece]:
+        """Blocks until `sequence` is done; all its tokens (EngineDead as `progress`)."""
+        with self.cond:
+            while not self.dead and not sequence.done:
+                self.cond.wait()
+            if self.dead:
+                raise EngineDead(self.dead)
+            return sequence.plan
+
+    def abort(self, sequence: Sequence) -> None:
+        """The client went away: the next step drops it (never while the engine hangs)."""
+        with self.cond:
+            sequence.aborted = True
+            self.cond.notify_all()
+
+    def hang(self) -> None:
+        with self.cond:
+            self.hung = True
+
+    def resume(self) -> None:
+        with self.cond:
+            self.hung = False
+            self.cond.notify_all()
+
+    def die(self, message: str) -> None:
+        with self.cond:
+            self.dead = message
+            self.cond.notify_all()
+
+    # the EngineCore thread
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.dead and (self.hung or not (self.waiting or self.running)):
+                    self.cond.wait()
+                if self.dead:
+                    return
+                self._step()
+                self.cond.notify_all()
+            time.sleep(self.step_seconds)
+
+    def _step(self) -> None:
+        """One engine step: admit waiting requests into the batch, a token for each, publish."""
+        totals = self._totals
+        for queue in (self.waiting, self.running):
+            for sequence in [s for s in queue if s.aborted]:
+                queue.remove(sequence)
+                totals.finished["abort"] += 1
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            sequence = self.waiting.popleft()
+            self.running.append(sequence)
+            totals.prompt_tokens += sequence.prompt_tokens  # prefill
+        self._credit += self.tokens_per_step
+        tokens, self._credit = int(self._credit), self._credit - int(self._credit)
+        for sequence in list(self.running):
+            made = min(tokens, len(sequence.plan) - sequence.produced)
+            sequence.produced += made
+            totals.generation_tokens += made
+            if sequence.produced >= len(sequence.plan):
+                sequence.done = True
+                self.running.remove(sequence)
+                totals.finished[sequence.finish_reason] += 1
+        blocks = sum(s.kv_blocks for s in self.running)
+        self.stats = Stats(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_cache_usage=min(1.0, blocks * BLOCK_TOKENS / KV_CACHE_TOKENS),
+            prompt_tokens=totals.prompt_tokens,
+            generation_tokens=totals.generation_tokens,
+            preemptions=totals.preemptions,
+            finished=Counter(totals.finished),
+        )

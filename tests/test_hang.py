@@ -1,0 +1,209 @@
+"""Hangs found in any step within the stated bound, busy never a death: the watch and the
+progress probe against a real HTTP server that answers like vLLM (engine_helpers.Engine), and
+runbooks/vllm.yaml end to end (its agent, docker and start script as programs on PATH)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import make_workspace
+from engine_helpers import Engine
+from standin_helpers import ROOT, python_env, wait_for
+
+from ralph_runner import probes
+from ralph_runner.connection import for_host
+from ralph_runner.health import GRACE, Health, ProbeSpec
+from ralph_runner.watch import Watch
+
+RALPH = [sys.executable, "-m", "ralph_runner"]
+MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
+WATCH, STALL_AFTER, TIMEOUT, FAILURES, INTERVAL = 0.2, 0.6, 0.5, 2, 0.1
+
+
+def bound(watch: float, stall_after: float, timeout: float, failures: int, interval: float):
+    """The README's detection bound for a hang during a step."""
+    rounds = watch + math.ceil(stall_after / watch) * watch
+    return rounds + failures * (timeout + GRACE) + (failures - 1) * interval
+
+
+BOUND = bound(WATCH, STALL_AFTER, TIMEOUT, FAILURES, INTERVAL)
+
+
+@pytest.fixture
+def engine():
+    with Engine() as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def health(engine):
+    progress = probes.KINDS["progress"].Params.model_validate(
+        {
+            "metrics": engine.metrics_url,
+            "completion": {"url": engine.url, "model": "m"},
+            "stall_after": STALL_AFTER,
+        }
+    )
+    models = probes.KINDS["http"].Params.model_validate({"url": f"{engine.url}/models"})
+    checked = Health(
+        [
+            ProbeSpec("engine progress", "progress", progress, timeout=TIMEOUT),
+            ProbeSpec("models", "http", models, timeout=TIMEOUT),
+        ],
+        failures_before_dead=FAILURES,
+        interval=INTERVAL,
+        connection=for_host({}),
+    )
+    yield checked
+    checked.close()
+
+
+def found_within(watch: Watch, limit: float) -> float:
+    """Seconds until the watch declares a death (it cancels the step); fails past `limit`."""
+    started = time.monotonic()
+    assert watch.cancel.wait(limit), f"no death within {limit:.1f} s"
+    return time.monotonic() - started
+
+
+def failing(watch: Watch) -> list[tuple[str, str | None, str]]:
+    assert watch.rounds is not None
+    return [(r.name, r.reason, r.detail) for r in watch.rounds[-1] if not r.ok]
+
+
+def test_a_busy_engine_is_no_death_over_many_watch_rounds(engine, health):
+    """Long generations, a full queue: a canary would wait forever. Tokens move: alive."""
+    health.check(1)  # ensure_alive at the start of the step
+    engine.busy(tokens_per_second=20, running=1, waiting=8)
+    with Watch(health, WATCH, iteration=1) as watch:
+        assert not watch.cancel.wait(8 * STALL_AFTER)
+        scrapes = engine.metrics_scrapes
+    assert scrapes >= 8  # many rounds, well past stall_after
+    assert engine.completions == 1  # only the idle start check's canary
+    alive, rounds = health.check(1)  # post-step
+    assert alive, rounds
+
+
+def test_a_hang_with_the_agents_request_active_is_stalled_after_stall_after(engine, health):
+    health.check(1)
+    engine.busy(tokens_per_second=50, running=1, waiting=0)  # the agent's answer streams...
+    with Watch(health, WATCH, iteration=1) as watch:
+        wait_for(lambda: engine.metrics_scrapes >= 3, 10, "watch rounds seeing tokens")
+        engine.hang()  # ...and the engine stops mid-answer, its request still active
+        seconds = found_within(watch, BOUND + MARGIN)
+    print(f"hang with a request active: death after {seconds:.2f} s (bound {BOUND:.2f} s)")
+    assert seconds >= STALL_AFTER  # never before stall_after without a token
+    ((name, reason, detail),) = failing(watch)
+    assert (name, reason) == ("engine progress", "stalled")
+    assert detail.startswith("no token for ") and detail.endswith(" s while 1 requests active")
+
+
+def test_an_idle_hang_is_stalled_at_the_first_canary(engine, health):
+    health.check(1)
+    with Watch(health, WATCH, iteration=1) as watch:
+        wait_for(lambda: engine.completions >= 2, 10, "a watch round's canary")
+        engine.hang()  # nothing active: the gauges say idle, the engine answers nothing
+        seconds = found_within(watch, BOUND + MARGIN)
+    idle_bound = WATCH + FAILURES * (TIMEOUT + GRACE) + (FAILURES - 1) * INTERVAL
+    print(f"idle hang: death after {seconds:.2f} s (bound {idle_bound:.2f} s)")
+    assert seconds < idle_bound + MARGIN
+    ((name, reason, detail),) = failing(watch)
+    assert (name, reason) == ("engine progress", "stalled")
+    assert detail.startswith("idle engine did not answer a 1-token request within 0.")
+
+
+def test_a_dead_engine_is_a_status_death_at_once(engine, health):
+    health.check(1)
+    with Watch(health, WATCH, iteration=1) as watch:
+        engine.completion_status = 500  # EngineDeadError: every generation answers 500
+        found_within(watch, WATCH + FAILURES * (TIMEOUT + GRACE) + INTERVAL + MARGIN)
+    ((name, reason, detail),) = failing(watch)
+    assert (name, reason) == ("engine progress", "status")
+    assert "EngineCore encountered an issue" in detail
+
+
+# runbooks/vllm.yaml, for real: the agent, docker and the start script are programs on PATH
+
+
+def program(directory: Path, name: str, body: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/bash\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+
+
+def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engine):
+    """A hang during the agent's call in an iteration where no iteration-counted probe is due
+    (there are none): found by the watch, the agent's tree killed, `docker stop` before the
+    start script, the item retried without a strike, exit 0."""
+    work = make_workspace(tmp_path / "work", ["first item", "second item"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    program(  # the agent: its second call hangs the engine while it waits for the answer
+        bin_dir,
+        "opencode",
+        f"""\
+        echo opencode >> {calls}
+        if [ "$(grep -c '^opencode' {calls})" = 2 ]; then
+            curl -s -X POST {engine.root_url}/admin/hang
+            exec sleep 300
+        fi
+        sed -i '0,/- \\[ \\]/s//- [x]/' CHECKLIST.md && git commit -qam "agent: done"
+        """,
+    )
+    program(bin_dir, "docker", f'echo "docker $*" >> {calls}\n')
+    program(  # the seed's idempotent start script: a restarted engine is a working one
+        bin_dir,
+        "start_vllm.sh",
+        f"""\
+        echo start >> {calls}
+        curl -s -X POST {engine.root_url}/admin/resume
+        """,
+    )
+    extra = {
+        "base_url": engine.url,
+        "model": "m",
+        "start_vllm": str(bin_dir / "start_vllm.sh"),
+        "gpu_sched": "true",
+        "stall_after": 5,
+    }
+    env = python_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    done = subprocess.run(
+        [*RALPH, str(ROOT / "runbooks/vllm.yaml"), "--json", "-e", json.dumps(extra)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(f"vllm.yaml run with one hang: {time.monotonic() - started:.1f} s")
+
+    (death,) = [e for e in events if e["event"] == "death"]
+    assert death["phase"] == "during-step" and "stalled" in death["reason"]
+    killed = [e for e in events if e["event"] == "step-done" and e.get("killed")]
+    assert [e["step"] for e in killed] == ["run opencode"]
+    print(f"vllm.yaml: the hung agent step killed after {killed[0]['seconds']:.1f} s")
+    assert killed[0]["seconds"] < 5 + 5 + 2 * 5 + 1 + MARGIN  # the bound, not the 300 s timeout
+    lines = calls.read_text().splitlines()
+    stop, start = lines.index("docker stop -t 10 vllm-spark-head"), lines.index("start")
+    assert lines[:2] == ["opencode", "opencode"] and stop < start  # stopped, then started
+    outcomes = [e["event"] for e in events if e["event"] in ("done", "retry", "strike", "skip")]
+    assert outcomes == ["done", "retry", "done"]
+    assert "- [ ]" not in (work / "CHECKLIST.md").read_text()
+    records = (work / "logs/vllm-deaths.jsonl").read_text().splitlines()
+    recovery = json.loads(records[-1])
+    assert recovery["recovered"] and [s["name"] for s in recovery["steps"]] == [
+        "stop the hung container",
+        "start vLLM",
+    ]
+    assert engine.admin_calls == ["hang", "resume"]
