@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import cases
+from bench import cases, real
 from bench.stand import ROOT, Server, leftovers
 from bench.table import Row, render
 
@@ -31,6 +31,7 @@ CASES: dict[str, Callable[[cases.Bench], list[Row]]] = {
     "resume": cases.resume,
     "check": cases.check,
     "rss": cases.rss,
+    "real": real.real_engine,  # the real vLLM (ci/install-vllm.sh), else skipped
 }
 NEEDED = ("curl", "git", "bash", "setsid", "timeout")
 
