@@ -65,8 +65,11 @@ try:
     before = tokens()
 except (OSError, ValueError) as error:
     sys.exit(print(f"down: {base}/metrics: {error}") or 1)
-if not model:  # no name to ask for: /models answering is all we can know
-    model = json.load(web.urlopen(f"{base}/v1/models", timeout=timeout))["data"][0]["id"]
+if not model:  # no name given: ask for the first one it serves
+    try:
+        model = json.load(web.urlopen(f"{base}/v1/models", timeout=timeout))["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        sys.exit(print(f"unhealthy: {base}/v1/models: {error!r}") or 1)
 body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 request = web.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
                       {"Content-Type": "application/json"})
@@ -96,6 +99,11 @@ members() {
   [[ $pgid =~ ^[0-9]+$ ]] || return 0
   ps -e -o pid=,pgid=,stat=,etime=,rss=,args= |
     awk -v g="$pgid" '$2 == g && $3 !~ /^Z/ { $2 = ""; print }'
+}
+
+running() { # PID: alive and not a zombie (the API server is our child until we exit)
+  local state
+  state="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ $state != Z* ]]
 }
 
 ours() { # is the group still vLLM's? (a pid file outliving a reboot names someone else)
@@ -159,7 +167,7 @@ poll_healthy() {
   pid="$(cat "$PID_FILE")"
   deadline=$(($(now_us) + START_TIMEOUT * 1000000))
   until state="$(verdict)"; do
-    kill -0 "$pid" 2>/dev/null || { stop_group >/dev/null; fail_with_log "vLLM exited during start-up"; }
+    running "$pid" || { stop_group >/dev/null; fail_with_log "vLLM exited during start-up"; }
     if (($(now_us) >= deadline)); then
       stop_group
       fail_with_log "not healthy after ${START_TIMEOUT}s ($state)"
