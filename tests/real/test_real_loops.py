@@ -27,7 +27,7 @@ from real_helpers import RUNBOOK, SERVED_NAME, Engine, LongGeneration, gone, wai
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 AGENT_STEP = "run the agent"
-THINK_TOKENS = 1500  # the agent's own long call: about 6 s of the tiny model on a quiet core
+THINK_TOKENS = 3000  # the agent's own long call: 5-15 s of the tiny model, time to hit it
 STALL_AFTER = 15  # -e stall_after: the tiny model's prefill takes milliseconds (shipped: 60)
 # runbooks/vllm-local.yaml's hang bound: watch + stall_after + 2 x probe timeout + interval.
 HANG_BOUND = 5 + STALL_AFTER + 2 * 5 + 1
@@ -133,7 +133,7 @@ def test_busy_engine_is_no_death(healthy_engine: Engine, tmp_path: Path) -> None
     """--max-num-seqs 1 and a long generation in flight: the agent's request waits in the queue
     for longer than stall_after + watch, the canary is never sent; tokens move, so no death."""
     loop_items = ["busy one", "busy two"]
-    with LongGeneration(healthy_engine.url, max_tokens=7000) as busy:
+    with LongGeneration(healthy_engine.url, max_tokens=30000) as busy:
         loop = Loop(tmp_path, healthy_engine, loop_items, think=False)
         loop.run.wait_agent(1, timeout=120)
         queued_at = time.monotonic()
