@@ -6,7 +6,6 @@ process group), the faults the tier injects, and a long generation that keeps it
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -242,17 +241,21 @@ class LongGeneration:
         return self
 
     def _run(self) -> None:
+        """Counts the `data:` frames from the raw bytes: SSE lines end at LF only, while a line
+        splitter such as httpx's `iter_lines` also breaks at U+2028 or U+0085, which a random
+        model's text holds (inside JSON strings, unescaped)."""
         try:
             with httpx.stream(
                 "POST", f"{self.url}/completions", json=self.body, timeout=600
             ) as response:
-                for line in response.iter_lines():
+                response.raise_for_status()
+                rest = b""
+                for piece in response.iter_bytes():
                     if self._closing.is_set():
                         return
-                    if line.startswith("data: {"):
-                        json.loads(line[6:])
-                        self.chunks += 1
-        except (httpx.HTTPError, ValueError) as error:
+                    *lines, rest = (rest + piece).split(b"\n")
+                    self.chunks += sum(line.startswith(b"data: {") for line in lines)
+        except httpx.HTTPError as error:
             self.error = error
 
     def close(self) -> None:

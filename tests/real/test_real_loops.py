@@ -137,12 +137,12 @@ def test_busy_engine_is_no_death(healthy_engine: Engine, tmp_path: Path) -> None
         loop = Loop(tmp_path, healthy_engine, loop_items, think=False)
         loop.run.wait_agent(1, timeout=120)
         queued_at = time.monotonic()
-        waiting = wait_until(
-            lambda: healthy_engine.metrics().get("vllm:num_requests_waiting", 0) >= 1,
-            30,
-            "the agent's request to queue behind the long generation",
-        )
-        assert waiting
+
+        def queued() -> bool:
+            assert busy.error is None, f"the long generation failed: {busy.error!r}"
+            return healthy_engine.metrics().get("vllm:num_requests_waiting", 0) >= 1
+
+        wait_until(queued, 30, "the agent's request to queue behind the long generation")
         # stall_after + watch + a confirm round: several watch checks see only a queue.
         wait_until(lambda: time.monotonic() - queued_at > STALL_AFTER + 5 + 2, 60, "a queue")
         assert loop.run.status()["phase"] == AGENT_STEP, "the agent was not kept waiting"
