@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import cases, real
+from bench import cases, deathdata, real
 from bench.stand import ROOT, Server, leftovers
 from bench.table import Row, render
 
@@ -31,6 +31,9 @@ CASES: dict[str, Callable[[cases.Bench], list[Row]]] = {
     "resume": cases.resume,
     "check": cases.check,
     "rss": cases.rss,
+    "recorder": deathdata.recorder_cost,
+    "deaths": deathdata.deaths_scale,
+    "report": deathdata.report_scale,
     "real": real.real_engine,  # the real vLLM (ci/install-vllm.sh), else skipped
 }
 NEEDED = ("curl", "git", "bash", "setsid", "timeout")

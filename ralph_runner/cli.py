@@ -6,25 +6,30 @@ import argparse
 import os
 import sys
 
+from ralph_runner import crash
 from ralph_runner.errors import FatalError
 
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
 commands:
-  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file] [--check] [-v] [--json]
+  ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [--forks N] [-e KEY=VALUE|@file] [--check]
+                [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
-  ralph-run status [WORKDIR|RUNBOOK]                 the loop's status, for people and cron
-  ralph-run deaths RUNBOOK|RECORDS.jsonl             summarise the death records
+  ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
+  ralph-run deaths WORKDIR|RUNBOOK|RECORDS.jsonl... [--json]   what the deaths say
+  ralph-run report WORKDIR|RUNBOOK|RECORDS.jsonl... [-o FILE]  the same as one HTML page
   ralph-run schema                                   the runbook language as JSON Schema
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
 
 exit codes:
   0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
   4 service not recovered (recovery.exit_code)   5 max_iterations reached with items left
+  6 the agent is broken (the same failure on consecutive items, service healthy)
+  70 internal error: a bug in ralph-run (the crash file it names has the traceback)
   130/143 interrupted (state saved)
 """
 
-COMMANDS = ("probe", "diagnose", "status", "deaths", "schema", "demo")
+COMMANDS = ("probe", "diagnose", "status", "deaths", "report", "schema", "demo")
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +48,16 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0)
 
 
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return number
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
     if command is None:
         parser = argparse.ArgumentParser(
@@ -53,6 +68,13 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         )
         _plan_options(parser)
         parser.add_argument(
+            "--forks",
+            type=_positive,
+            default=5,
+            metavar="N",
+            help="with several hosts: at most N loops at once (default 5)",
+        )
+        parser.add_argument(
             "--check",
             action="store_true",
             help="validate and print the rendered plan; run and write nothing",
@@ -62,12 +84,28 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     if command in ("probe", "diagnose"):
         _plan_options(parser)
     elif command == "status":
-        parser.add_argument("target", nargs="?", default=".", help="workdir or runbook")
+        parser.add_argument(
+            "target",
+            nargs="?",
+            default=None,
+            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
+        )
+        parser.add_argument("-i", "--inventory", help="read every host's loop over its connection")
+        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
+        parser.add_argument(
+            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
+        )
         parser.add_argument("--json", action="store_true")
-    elif command == "deaths":
-        parser.add_argument("target", help="runbook or .jsonl death records")
-        parser.add_argument("-i", "--inventory")
+    elif command in ("deaths", "report"):
+        parser.add_argument(
+            "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"
+        )
+        parser.add_argument("-i", "--inventory", help="a runbook's hosts: each one's records")
         parser.add_argument("-e", "--extra-vars", action="append", default=[])
+        if command == "deaths":
+            parser.add_argument("--json", action="store_true", help="the answers as one JSON")
+        else:
+            parser.add_argument("-o", "--output", default="report.html", help="the HTML file")
     elif command == "demo":
         parser.add_argument("--dir", default="demo-workspace", help="throw-away workspace")
         parser.add_argument("--json", action="store_true")
@@ -76,6 +114,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # a value with a lone surrogate prints, escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and argv[0] in COMMANDS else None
     args = _parser(command).parse_args(argv[1:] if command else argv)
     try:
@@ -88,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             code = module.main(args)
     except FatalError as exc:
         for problem in exc.problems:
-            print(f"ralph-run: error: {problem}", file=sys.stderr)
+            print(f"ralph-run: error: {crash.mask(str(problem))}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:  # `ralph-run schema | head`: the reader left; leave quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 141
+    except Exception as exc:  # a bug: one line, a crash file, a documented exit code
+        code = crash.report(exc, argv)
     sys.exit(code)

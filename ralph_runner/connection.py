@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from ralph_runner import execute
@@ -49,7 +51,9 @@ exit "$code"
 class Connection(Protocol):
     """Runs a command on one host; never raises for a command that fails."""
 
-    name: str  # "local" or "ssh user@host:port"
+    @property
+    def name(self) -> str:  # "local" or "ssh user@host:port"
+        ...
 
     def shell(
         self,
@@ -87,6 +91,10 @@ class Local:
 
     def argv(self, argv: list[str], **options) -> execute.Result:
         return execute.run(argv, **options)
+
+
+SSH_UNREACHABLE = 255  # ssh's own exit code: no connection, or the login was refused
+CONTROL_PERSIST = "60s"  # how long an idle master connection stays open
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,7 @@ class Ssh:
             "StrictHostKeyChecking=accept-new",
             f"ConnectTimeout={self.connect_timeout}",
             "LogLevel=ERROR",  # no "Permanently added ..." warnings in a command's output
+            *reuse_options(),
         ):
             argv += ["-o", option]
         if self.port:
@@ -150,6 +159,23 @@ class Ssh:
         if self.user:
             argv += ["-l", self.user]
         return [*argv, "--", self.host, remote]
+
+
+def reuse_options() -> tuple[str, ...]:
+    """OpenSSH connection reuse, as Ansible does it: the first command to a host opens a master
+    connection that later ones share for CONTROL_PERSIST, so a death's collectors and recovery
+    steps pay no new handshake each. `-o ControlMaster=no` in ansible_ssh_common_args turns it
+    off (the operator's options come first and ssh keeps the first value)."""
+    directory = Path(tempfile.gettempdir()) / f"ralph-run-ssh-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return ()  # no place for the sockets: every command opens its own connection
+    return (
+        "ControlMaster=auto",
+        f"ControlPath={directory}/%C",  # %C: a hash of host, port and user; short enough
+        f"ControlPersist={CONTROL_PERSIST}",
+    )
 
 
 def remote_command(
@@ -234,9 +260,9 @@ def _number(hostvars: Mapping[str, object], host: str, *names: str) -> int | Non
     value = _first(hostvars, *names)
     if value is None:
         return None
-    if isinstance(value, bool) or not str(value).isdigit() or int(value) == 0:
+    if isinstance(value, bool) or not str(value).isdigit() or int(str(value)) == 0:
         raise _problem(host, names[0], f"expected a positive whole number, got {value!r}")
-    return int(value)
+    return int(str(value))
 
 
 def _problem(host: str, variable: str, message: str) -> FatalError:

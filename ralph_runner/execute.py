@@ -6,21 +6,33 @@ tree and a Ctrl-C on the terminal does not), no TTY, stderr merged into stdout, 
 *last* `max_output` bytes kept (the end of a log is what explains a death). On timeout, cancel or
 shutdown the whole tree is killed: the session's process group plus every descendant psutil can
 see (grandchildren that moved to their own group or session included), TERM first, then KILL.
+
+When ralph-run itself dies, even by `kill -9`, its commands die with it. Each is started with
+PR_SET_PDEATHSIG, a signal the kernel sends it when the *thread* that forked it ends (`sh`
+forks in the calling thread, and every caller waits in run() until its command has ended, so
+that thread outlives the command): within `watchdog()` (the loop) it is SIGSTOP, and a small
+process (watchdog.py) kills the frozen tree whole when ralph-run's end of a pipe closes;
+outside, it is SIGKILL (which reaches the command only, not its children).
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import ctypes
+import fcntl
 import logging
 import os
 import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psutil
 import sh
@@ -34,6 +46,8 @@ CANNOT_START = 127  # what a shell reports for a command it cannot run
 _READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
 _POLL = 0.05  # seconds between checks of `cancel` and the deadline
 KILL_GRACE = 2.0  # seconds between TERM and KILL
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 @dataclass
@@ -175,6 +189,7 @@ def run(
             with _registry_lock:
                 _running.pop(running.pid, None)  # no _changed(): a dead pid in the record is
                 # harmless (its start time no longer matches), and it saves a write per command
+            _watchdog.tell(f"-{running.pid}")
     finally:
         if lifeline is not None:
             os.close(lifeline[1])  # EOF on the command's stdin
@@ -227,7 +242,7 @@ def _start(
     tail: _OutputTail,
 ) -> _Running:
     """Start the command and register it, atomically as far as kill_all is concerned."""
-    options: dict[str, object] = {
+    options: dict[str, Any] = {
         "_bg": True,
         "_bg_exc": False,  # we read the exit code ourselves; no exception from sh's threads
         "_new_session": True,  # its own session and process group: a kill reaches the tree
@@ -238,6 +253,7 @@ def _start(
         "_no_err": True,
         "_out_bufsize": 0,  # hand each read on at once (read size raised below)
         "_ok_code": range(-64, 256),  # every status is an answer, not an exception
+        "_preexec_fn": _dies_with(os.getpid(), _watchdog.fd),  # in the child, after setsid
     }
     if cwd is not None:
         options["_cwd"] = os.fspath(cwd)
@@ -263,6 +279,106 @@ def _start(
     # The 100 MB output test fails (times out) if this attribute ever stops being sh's read size.
     command.process._stdout_stream.bufsize = _READ_SIZE
     return running
+
+
+def _dies_with(parent: int, watchdog_fd: int | None) -> Callable[[], None] | None:
+    """A pre-exec function: when the thread that forked the child ends (with ralph-run, at the
+    latest), the child is frozen for the watchdog to kill with its tree, or killed outright
+    when no watchdog runs.
+
+    The child registers itself with the watchdog and lets go of the pipe *before* the prctl:
+    a child frozen unregistered, or frozen holding the pipe open (the watchdog would wait for
+    ever), cannot happen. A parent that died before the prctl is caught by getppid().
+    """
+    if _LIBC is None:
+        return None
+    signum = signal.SIGKILL if watchdog_fd is None else signal.SIGSTOP
+
+    def die_with_parent() -> None:
+        if watchdog_fd is not None:
+            # sh restored SIGPIPE's default already: a dead watchdog must not kill us here
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            with contextlib.suppress(OSError):  # full or dead: the running-tree record remains
+                os.write(watchdog_fd, f"+{os.getpid()}\n".encode("ascii"))
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.close(watchdog_fd)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # nothing started yet: no tree to keep whole
+
+    return die_with_parent
+
+
+class _Watchdog:
+    """ralph-run's end of the watchdog's pipe (see watchdog.py); inert until started."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.process: sh.RunningCommand | None = None
+
+    def start(self) -> None:
+        read_end, write_end = os.pipe()  # both close-on-exec: no command inherits them
+        fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)  # never block a command's start
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        try:
+            with os.fdopen(read_end, "rb") as pipe, open(os.devnull, "r+b") as devnull:
+                self.process = sh.Command(sys.executable)(
+                    "-m",
+                    "ralph_runner.watchdog",
+                    _bg=True,
+                    _bg_exc=False,
+                    _new_session=True,  # a Ctrl-C on the terminal is not for it
+                    _in=pipe,
+                    _out=devnull,
+                    _err=devnull,
+                    _tty_out=False,
+                    _env=env,
+                    _ok_code=range(-64, 256),
+                )
+        except (sh.ForkException, OSError) as error:
+            os.close(write_end)
+            log.warning("no watchdog (%s): commands may outlive a killed ralph-run", error)
+            return
+        self.fd = write_end
+
+    def tell(self, message: str) -> None:
+        fd = self.fd
+        if fd is None:
+            return
+        try:
+            os.write(fd, f"{message}\n".encode("ascii"))
+        except BlockingIOError:
+            pass  # it is busy killing or stuck: the running-tree record is the fallback
+        except OSError:
+            self.fd = None  # it died: nothing to tell
+
+    def stop(self) -> None:
+        """Close the pipe: with no command registered the watchdog just exits; reap it."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        process, self.process = self.process, None
+        if process is not None:
+            try:
+                process.wait(timeout=5)
+            except sh.TimeoutException:
+                kill_tree(process.pid)
+
+
+_watchdog = _Watchdog()
+
+
+@contextlib.contextmanager
+def watchdog() -> Iterator[None]:
+    """Within this block, a kill -9 of this process takes the commands' trees with it
+    (within a second: see watchdog.py); the loop runs in it."""
+    _watchdog.start()
+    try:
+        yield
+    finally:
+        _watchdog.stop()
 
 
 def _wait(

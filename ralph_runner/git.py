@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ralph_runner import execute
 from ralph_runner.errors import FatalError
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """HEAD and the work tree's changes, from one `git status` (one process, not two)."""
+
+    head: str | None  # None: no commit yet
+    changes: tuple[tuple[str, str], ...]  # (status code, path from the top), sorted
+    # (path, mtime_ns, size) of each changed path: a file that was dirty already and is
+    # written again changes no status code, but changes its stamp
+    stamps: tuple[tuple[str, int, int], ...] = ()
+
+    def without(self, housekeeping) -> Snapshot:
+        """The snapshot with the changes `housekeeping(code, path)` accepts left out."""
+        kept = tuple(c for c in self.changes if not housekeeping(*c))
+        paths = {path for _, path in kept}
+        return Snapshot(self.head, kept, tuple(s for s in self.stamps if s[0] in paths))
+
+    @property
+    def clean(self) -> bool:
+        return not self.changes
+
+
+_FIELDS_BEFORE_PATH = {"1": 7, "2": 8, "u": 9}  # porcelain v2: fields after the kind, then the path
+_STATUS_OUTPUT = 8 * 1024 * 1024  # the header comes first: the output must not lose its start
 
 
 def _git(workdir: Path, *args: str, check: bool = True) -> str:
@@ -21,16 +47,56 @@ def head(workdir: Path) -> str | None:
     return result.output.strip() if result.ok else None
 
 
-def head_and_clean(workdir: Path) -> tuple[str | None, bool]:
-    """HEAD and whether the work tree is clean, from one `git status` (one process, not two)."""
-    head, clean = None, True
-    for line in _git(workdir, "status", "--porcelain=v2", "--branch").splitlines():
-        if line.startswith("# branch.oid "):
-            oid = line.split()[2]
+def snapshot(workdir: Path) -> Snapshot:
+    """HEAD and every changed or untracked path (ignored files left out), NUL-separated so that
+    any file name parses."""
+    result = execute.run(
+        ["git", "status", "--porcelain=v2", "--branch", "-z"],
+        cwd=workdir,
+        timeout=60,
+        max_output=_STATUS_OUTPUT,
+    )
+    if not result.ok:
+        raise FatalError(f"git status failed in {workdir}: {result.output.strip()}")
+    head, changes = None, []
+    fields = iter(result.output.split("\0"))
+    for entry in fields:
+        kind, _, rest = entry.partition(" ")
+        if kind == "#" and rest.startswith("branch.oid "):
+            oid = rest.split()[1]
             head = None if oid == "(initial)" else oid
-        elif not line.startswith("#"):
-            clean = False
-    return head, clean
+        elif kind in _FIELDS_BEFORE_PATH:
+            parts = rest.split(" ", _FIELDS_BEFORE_PATH[kind])
+            changes.append((parts[0], parts[-1]))
+            if kind == "2":
+                next(fields, None)  # a rename's original path
+        elif kind == "?":
+            changes.append(("??", rest))
+    root = top(workdir)
+    return Snapshot(head, tuple(sorted(changes)), tuple(_stamp(root, p) for _, p in changes))
+
+
+def top(workdir: Path) -> Path:
+    """The work tree's top directory (git's paths start there), without running git."""
+    start = Path(workdir).resolve()
+    for directory in [start, *start.parents]:
+        if (directory / ".git").exists():
+            return directory
+    return start
+
+
+def _stamp(root: Path, path: str) -> tuple[str, int, int]:
+    try:
+        info = (root / path).lstat()
+    except OSError:
+        return (path, -1, -1)  # deleted
+    return (path, info.st_mtime_ns, info.st_size)
+
+
+def show(workdir: Path, revision: str, path: str) -> str | None:
+    """The content of `path` (from the top) at `revision`, or None where it has none."""
+    result = execute.run(["git", "show", f"{revision}:{path}"], cwd=workdir, timeout=60)
+    return result.output if result.ok else None
 
 
 def commit_paths(workdir: Path, message: str, *paths: Path) -> None:

@@ -73,6 +73,7 @@ class Health:
         self._lock = threading.Lock()
         self._last_run: dict[int, int] = {}  # probe index -> iteration it last ran in
         self._running: dict[int, _Check] = {}  # the latest check of each probe, maybe running
+        self.last_round = time.monotonic()  # when a round last started (the watch keeps time)
         self._workers = [_Worker(f"probe {spec.name}") for spec in self.probes]
         self._states: list[dict[str, Any]] = [{} for _ in self.probes]  # each probe's memory
 
@@ -137,6 +138,7 @@ class Health:
     def _run(
         self, indexes: Iterable[int], iteration: int | None, cap: float | None = None
     ) -> list[ProbeResult]:
+        self.last_round = time.monotonic()
         launched = []
         for index in indexes:
             spec = self.probes[index]

@@ -11,18 +11,37 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ralph_runner import checklist, execute, git, orphans, probes, reports, state, tasks
+from ralph_runner import (
+    checklist,
+    deathdata,
+    execute,
+    failures,
+    git,
+    housekeeping,
+    orphans,
+    probes,
+    reports,
+    state,
+    tasks,
+)
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import FatalError
+from ralph_runner.failures import Failure
 from ralph_runner.health import Health, ProbeSpec
+from ralph_runner.loader import TaskSpec
 from ralph_runner.output import Output
 from ralph_runner.plan import Plan
 from ralph_runner.service import GaveUp, Service
 from ralph_runner.watch import Watch
 
-EXIT_DONE, EXIT_MAX_ITERATIONS = 0, 5
-FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up"}
-UNWATCHED = {"ensure_alive", "verify", "wait"}
+EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
+FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up", "agent-broken"}
+SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
+UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
+
+
+class AgentBroken(FatalError):
+    """The agent failed the same way on consecutive items while the service was healthy."""
 
 
 class Interrupted(BaseException):
@@ -92,24 +111,40 @@ class Runner:
     def __init__(self, plan: Plan, output: Output) -> None:
         self.plan, self.output = plan, output
         self.model = plan.model
-        self.store = state.Store(plan.workdir)
+        self.store = state.Store(plan.workdir, output.redactor, self._warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
         self.state = state.State()
         self.started = time.monotonic()
         self.iteration_vars: dict[str, Any] = {}
-        self.head_before: str | None = None
+        self.redactor = reports.Redactor(plan.secret_values())
+        self.ignore = _housekeeping_patterns(plan)
+        self.in_repo = False
+        self.before: git.Snapshot | None = None  # the work tree when the iteration began
+        self.after: git.Snapshot | None = None  # ... when verify looked at it
+        self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
+        self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
         self._partial_line = ""
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
         self._preflight()
-        with self.store.lock(), _signals_raise(), orphans.recorded(self.store.dir):
+        with (
+            self.store.lock(),
+            _signals_raise(),
+            orphans.recorded(self.store.dir),
+            execute.watchdog(),
+            deathdata.attached(self.plan, self.output, self.store.dir),
+        ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
             state.exclude_from_git(
-                self.plan.workdir, [self.store.dir, death_log.log_path, death_log.records_path]
+                self.plan.workdir,
+                [self.store.dir, death_log.log_path, death_log.records_path],
+                self.ignore,
             )
+            self.in_repo = git.is_repo(self.plan.workdir)
+            self.housekeeping = housekeeping.filter_for(self.plan.workdir, self.ignore)
             health = health_for(self.plan)
             self.service = Service(
                 self.plan, health, death_log, self.state, self._save, self.stop, self.output.event
@@ -121,6 +156,9 @@ class Runner:
                 return code
             except GaveUp:
                 self.state.status = "gave-up"
+                raise
+            except AgentBroken:
+                self.state.status = "agent-broken"
                 raise
             except FatalError:  # e.g. a template error in a step: fix the runbook, run again
                 self.state.status = "failed"
@@ -143,7 +181,7 @@ class Runner:
         committing = [
             spec
             for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify" and (spec.task.verify is None or spec.task.verify.committed)
+            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
         ]
         if committing and not git.is_repo(self.plan.workdir):
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
@@ -159,6 +197,7 @@ class Runner:
                 "resume", iteration=loaded.iteration, deaths=loaded.deaths, item=loaded.current_item
             )
         loaded.pid, loaded.status = os.getpid(), "running"
+        loaded.agent_broken = None  # it explained the last stop; this run starts over
         return loaded
 
     def _loop(self) -> int:
@@ -180,7 +219,8 @@ class Runner:
         st.current_item = item.text
         self._save()
         deaths_before = st.deaths
-        self.head_before = git.head(self.plan.workdir)
+        self.failed_step, self.after = None, None
+        self.before, self.known = self.known or self._snapshot(), None
         variables = self._variables(item, text)
         self.output.event(
             "iteration",
@@ -192,6 +232,7 @@ class Runner:
             skipped=variables["checklist"]["skipped"],
             deaths=st.deaths,
             prompt_size=variables["prompt_size"],
+            prompt_bytes=variables["prompt_bytes"],
         )
         group = tasks.TaskGroup(
             self.plan,
@@ -200,21 +241,49 @@ class Runner:
             run=self,
             on_output=self._show_output if self.output.verbose else None,
         )
-        failure = None
+        failed: dict[str, Any] | None = None
+        agent_seconds, after_verify = 0.0, False
         for spec in self.plan.runbook.loop_steps:
-            if failure and spec.kind != "ensure_alive":
+            if failed and spec.kind != "ensure_alive":
                 continue  # after a failure only health checks run: a death must still be seen
             result = self._step(spec, group, variables)
-            if not result.ok and not spec.task.ignore_errors and not failure:
-                failure = f"{spec.name}: {_why(result)}"
-        if failure and st.deaths == deaths_before and self.plan.runbook.probes:
-            # A dying server may still answer for a moment after failing the agent's call:
-            # look again one `interval` later before blaming the item.
-            self.stop.wait(self.model.health.interval)
+            if spec.kind not in UNWATCHED:
+                agent_seconds += result.seconds
+            ran_after = self.after is not None and spec.kind not in ("verify", "ensure_alive")
+            after_verify = after_verify or ran_after
+            if not result.ok and not spec.task.ignore_errors and not failed:
+                failed = self._step_record(spec, result)
+                self.failed_step = failed
+        if failed and st.deaths == deaths_before and self.plan.runbook.probes:
+            # A dying server may still answer for a moment after failing the agent's call
+            # (vLLM's /v1/models answers 200 for ~0.3 s after its engine died, then the API
+            # server exits): look again, at least SETTLE s later, before blaming the item.
+            self.stop.wait(max(self.model.health.interval, SETTLE))
             self._ensure_alive("after-failure")
-        self._settle(item, failure, died=st.deaths > deaths_before)
+        died = st.deaths > deaths_before
+        # What verify saw is the next iteration's start, unless something ran after it.
+        self.known = None if died or after_verify else self.after
+        self._settle(item, failed, died, agent_seconds)
 
-    def _step(self, spec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
+    def _step_record(self, spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
+        """A failed or killed step as reports show it: how it ended and its last words."""
+        status = failures.status_text(
+            result.exit_code, result.timed_out, result.cancelled, result.output
+        )
+        from_process = spec.kind not in UNWATCHED
+        tail = failures.output_tail(result.output, self.redactor) if from_process else ""
+        return {
+            "name": spec.name,
+            "status": status,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "killed": result.cancelled,
+            "output_tail": tail,
+            "reason": failures.reason(spec.name, status, tail, from_process),
+            "from_process": from_process,
+        }
+
+    def _step(self, spec: TaskSpec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
         self.state.phase = spec.name
         self._save(status_only=True)  # the phase is for people watching; the state has not moved
         self.output.event("step", step=spec.name, action=spec.kind)
@@ -225,28 +294,50 @@ class Runner:
         with Watch(self.health, watch_every, self.state.iteration) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
         self._flush_output()
+        ok = result.ok
         self.output.event(
             "step-done",
             step=spec.name,
-            ok=result.ok,
+            ok=ok,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             killed=result.cancelled,
+            status="ok"
+            if ok
+            else failures.status_text(
+                result.exit_code, result.timed_out, result.cancelled, result.output
+            ),
             seconds=round(time.monotonic() - started, 3),
         )
         if watch.rounds is not None:
             self.output.event("watch", step=spec.name, killed=True)
-            self.service.died("during-step", watch.rounds, self._facts())
+            killed = self._step_record(spec, result)
+            self.service.died("during-step", watch.rounds, {**self._facts(), "step": killed})
         return result
 
-    def _settle(self, item: checklist.Item, failure: str | None, died: bool) -> None:
+    def _settle(
+        self,
+        item: checklist.Item,
+        failed: dict[str, Any] | None,
+        died: bool,
+        agent_seconds: float,
+    ) -> None:
         st = self.state
-        if failure is None:
+        if failed is None:
             st.strikes.pop(item.text, None)
+            st.last_failure, st.streak_skipped = None, []
             self.output.event("done", item=item.text)
         elif died:
-            self.output.event("retry", item=item.text, reason=failure)
+            self.output.event("retry", item=item.text, reason=failed["reason"])
         else:
+            failure = self._failure(item, failed, agent_seconds)
+            previous = Failure.from_dict(st.last_failure)
+            if failure.same_as(previous):
+                if previous.item != item.text:
+                    self._agent_broken(previous, failure)
+            else:
+                st.streak_skipped = []
+            st.last_failure = failure.as_dict()
             strikes = st.strikes.get(item.text, 0) + 1
             st.strikes[item.text] = strikes
             self.output.event(
@@ -254,33 +345,89 @@ class Runner:
                 item=item.text,
                 strikes=strikes,
                 of=self.model.checklist.strikes,
-                reason=failure,
+                reason=failure.reason,
+                output_tail=failure.output_tail,
             )
             if strikes >= self.model.checklist.strikes:
                 self._skip(item, strikes)
+                st.streak_skipped.append(item.text)
         st.current_item = None
         self._save()
+
+    def _failure(
+        self, item: checklist.Item, failed: dict[str, Any], agent_seconds: float
+    ) -> Failure:
+        """The attempt as the broken-agent rule compares it (see failures.py)."""
+        untouched = False
+        if agent_seconds < failures.AT_ONCE_SECONDS and self.before is not None:
+            untouched = (self.after or self._snapshot()) == self.before
+        signatures = failures.signatures(
+            failed["name"],
+            failed["status"],
+            failed["output_tail"],
+            item.text,
+            from_process=failed["from_process"],
+            at_once_untouched=untouched,
+        )
+        return Failure(item.text, failed["reason"], failed["output_tail"], signatures)
+
+    def _agent_broken(self, previous: Failure, failure: Failure) -> None:
+        """Stop (exit 6): the agent, not the item, is failing. The failure is no strike, and the
+        last failure charged to an item stays the one to compare with, so that a run started
+        again without a fix stops at its first failure."""
+        st = self.state
+        skipped = list(st.streak_skipped)
+        st.agent_broken = {
+            "reason": failure.reason,
+            "output_tail": failure.output_tail,
+            "items": [previous.item, failure.item],
+            "skipped": skipped,
+        }
+        st.current_item = None
+        self.output.event(
+            "agent-broken",
+            item=failure.item,
+            previous_item=previous.item,
+            reason=failure.reason,
+            output_tail=failure.output_tail,
+            skipped=skipped,
+            exit_code=EXIT_AGENT_BROKEN,
+        )
+        message = (
+            f"the agent is broken: it failed the same way on {previous.item!r} and "
+            f"{failure.item!r} while the service was healthy ({failure.reason}); "
+            "stopped instead of skipping the rest"
+        )
+        if skipped:
+            message += (
+                f"; skipped meanwhile: {', '.join(repr(i) for i in skipped)} "
+                "(set them back to '- [ ]' to retry them)"
+            )
+        raise AgentBroken(message + ". Fix the agent's set-up and run again.", EXIT_AGENT_BROKEN)
 
     def _skip(self, item: checklist.Item, strikes: int) -> None:
         text = checklist.read(self.checklist_path)
         current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
         if current is not None:
             checklist.write(self.checklist_path, checklist.mark(text, current, "!"))
-            if git.is_repo(self.plan.workdir):
+            if self.in_repo:
                 message = f"skip: {item.text} ({strikes} failures)"
                 git.commit_paths(self.plan.workdir, message, self.checklist_path)
+                self.known = None  # HEAD moved
         self.state.strikes.pop(item.text, None)
         self.output.event("skip", item=item.text, strikes=strikes)
 
     def _show_output(self, text: str) -> None:
-        """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks)."""
+        """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks), without
+        the escape codes that would garble a log file or move a terminal's cursor."""
         *lines, self._partial_line = (self._partial_line + text).split("\n")
         for line in lines:
-            self.output.event("output", step=self.state.phase, text=line)
+            self.output.event("output", step=self.state.phase, text=failures.clean(line))
 
     def _flush_output(self) -> None:
         if self._partial_line:
-            self.output.event("output", step=self.state.phase, text=self._partial_line)
+            text = failures.clean(self._partial_line)
+            self.output.event("output", step=self.state.phase, text=text)
             self._partial_line = ""
 
     # -- what the runbook's actions call ---------------------------------------
@@ -302,14 +449,21 @@ class Runner:
             if found is None or found.mark != "x":
                 problems.append("item not ticked")
         if params.committed:
-            head, clean = git.head_and_clean(self.plan.workdir)
-            if head == self.head_before:
+            self.after = self._snapshot()
+            before = self.before.head if self.before else None
+            if self.after is None or self.after.head == before:
                 problems.append("no new commit")
-            elif not clean:
+            elif not self.after.clean:
                 problems.append("uncommitted changes")
         return TaskResult(ok=not problems, output="; ".join(problems) or "verified")
 
     # -- helpers ---------------------------------------------------------------
+    def _snapshot(self) -> git.Snapshot | None:
+        """HEAD and the changed paths, agent housekeeping left out; None outside a repository."""
+        if not self.in_repo:
+            return None
+        return git.snapshot(self.plan.workdir).without(self.housekeeping)
+
     def _variables(self, item: checklist.Item, text: str) -> dict[str, Any]:
         counts = checklist.counts(text)
         item_vars = {
@@ -340,6 +494,7 @@ class Runner:
         return {
             "iteration": self.state.iteration,
             "item": variables.get("item"),
+            **({"step": self.failed_step} if self.failed_step else {}),
             "prompt_size": variables.get("prompt_size"),
             "prompt_bytes": variables.get("prompt_bytes"),
             "checklist": counts.as_dict(),
@@ -355,6 +510,9 @@ class Runner:
         except FatalError as exc:
             self.output.event("warning", message=f"state not saved: {exc}")
 
+    def _warn(self, message: str) -> None:
+        self.output.event("warning", message=message)
+
     def _status(self) -> dict[str, Any]:
         counts = checklist.counts(checklist.read(self.checklist_path))
         st = self.state
@@ -368,6 +526,7 @@ class Runner:
             **counts.as_dict(),
             "deaths": st.deaths,
             "last_death": st.last_death,
+            "agent_broken": st.agent_broken,
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }
@@ -386,16 +545,13 @@ class Runner:
         )
 
 
-def _why(result: TaskResult) -> str:
-    if result.cancelled:
-        return "cancelled (service died)"
-    if result.timed_out:
-        return "timed out"
-    if result.exit_code is not None:
-        return f"exit {result.exit_code}" + (
-            f": {result.output.strip()[-200:]}" if result.output.strip() else ""
-        )
-    return result.output.strip()[-200:] or "failed"
+def _housekeeping_patterns(plan: Plan) -> list[str]:
+    """The agents' own files: the built-in list and every verify step's `ignore:`."""
+    patterns = list(housekeeping.DEFAULT_IGNORE)
+    for spec in plan.runbook.loop_steps:
+        if spec.kind == "verify" and spec.params is not None:
+            patterns.extend(p for p in spec.params.ignore if p not in patterns)
+    return patterns
 
 
 class _signals_raise:

@@ -57,6 +57,8 @@ class Output:
                 if render is None or (kind in VERBOSE_ONLY and not self.verbose):
                     return
                 line = render(fields, self._paint)
+                if "host" in fields:  # a fleet run: every line says whose it is
+                    line = self._paint("cyan", f"[{fields['host']}]") + " " + line
                 elapsed = time.monotonic() - self._started
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
                 if self.colour:
@@ -135,37 +137,60 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         + (p("green", "✓") if f["ok"] else p("red", "✗"))
         + f" {f['step']} "
         + p("dim", f"{f['seconds']:.1f}s")
-        + (
-            ""
-            if f["ok"]
-            else p(
-                "red",
-                " killed"
-                if f.get("killed")
-                else " timed out"
-                if f["timed_out"]
-                else f" exit {f['exit_code']}",
-            )
-        )
+        + ("" if f["ok"] else " " + p("red", _step_status(f)))
     ),
     "watch": lambda f, p: p("red", f"  ! service died during {f['step']}: step killed"),
     "death": lambda f, p: p("red", f"💀 death #{f['death']} at {f['phase']}: {f['reason']}"),
     "capture": lambda f, p: f"  capturing {f['collectors']} diagnostics",
     "report": lambda f, p: f"  📝 report appended to {f['log']}",
     "recovery-step": lambda f, p: f"  🔁 recovery attempt {f['attempt']}: {f['step']}",
+    "recovery-failed": lambda f, p: p(
+        "yellow",
+        f"  attempt {f['attempt']} failed ({f['reason']}): "
+        + (
+            "no attempt left"
+            if f.get("retry_in") is None
+            else f"retrying in {_seconds(f['retry_in'])}"
+        ),
+    ),
     "recovery": lambda f, p: (
         p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
         if f["recovered"]
         else p("red", f"  ❌ not recovered: {f['reason']}")
     ),
+    "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
     "output": lambda f, p: p("dim", "    │ ") + f["text"],
     "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
     "done": lambda f, p: p("green", f"  done: {f['item']}"),
     "retry": lambda f, p: p(
         "yellow", "  service died during this attempt: retrying the item, no strike"
     ),
-    "strike": lambda f, p: p("yellow", f"  strike {f['strikes']}/{f['of']}: {f['reason']}"),
+    "strike": lambda f, p: (
+        p("yellow", f"  strike {f['strikes']}/{f['of']}: {f['reason']}")
+        + _tail(f.get("output_tail"), p, STRIKE_TAIL_LINES, 2)
+    ),
     "skip": lambda f, p: p("red", f"  skipped after {f['strikes']} failures: {f['item']}"),
+    "agent-broken": lambda f, p: (
+        p(
+            "red",
+            f"✋ the agent is broken: it failed the same way on {f['previous_item']!r} and "
+            f"{f['item']!r} while the service was healthy: {f['reason']}",
+        )
+        + _tail(f.get("output_tail"), p, None)
+        + "\n"
+        + p(
+            "red",
+            f"  stopped instead of skipping the rest (exit {f['exit_code']})"
+            + (
+                "; skipped meanwhile: " + ", ".join(repr(i) for i in f["skipped"])
+                if f.get("skipped")
+                else "; nothing was skipped"
+            ),
+        )
+    ),
+    "interrupted": lambda f, p: p(
+        "yellow", f"interrupted by {f['signal']}: state saved (exit {f['exit_code']})"
+    ),
     "summary": lambda f, p: p(
         "bold",
         ("stopped at max_iterations: " if f["stopped_at_max"] else "checklist finished: ")
@@ -175,3 +200,55 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
     ),
 }
 VERBOSE_ONLY = {"step"}
+STRIKE_TAIL_LINES = 5  # the agent's last words under a strike; the whole tail is in --json
+
+
+def _step_status(f: dict) -> str:
+    """How a failed step ended: "killed", "timed out", "exit 1"... never "exit None"."""
+    if f.get("status"):
+        return f["status"]
+    if f.get("killed"):
+        return "killed"
+    if f.get("timed_out"):
+        return "timed out"
+    return f"exit {f['exit_code']}" if f.get("exit_code") is not None else "failed"
+
+
+def _tail(tail: str | None, p: Painter, lines: int | None, least: int = 1) -> str:
+    """An output tail as indented lines under its event (the last `lines`, None: all), if it
+    has at least `least` lines (a strike's reason holds the last line already)."""
+    shown = [line for line in (tail or "").split("\n") if line.strip()]
+    if len(shown) < least:
+        return ""
+    if lines is not None:
+        shown = shown[-lines:]
+    return "".join("\n" + p("dim", "    │ ") + line for line in shown)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _fleet_table(f: dict, p: Painter) -> str:
+    """The fleet's end: one row per host."""
+    header = ("host", "done", "todo", "skipped", "deaths", "exit")
+    rows = [[str(v if v is not None else "-") for v in row.values()] for row in f["hosts"]]
+    widths = [max(len(c) for c in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    return "\n".join(
+        [p("bold", lines[0]), *lines[1:], p("bold", f"fleet exit code {f['exit_code']}")]
+    )
+
+
+HUMAN.update(
+    {
+        "fleet": lambda f, p: p(
+            "bold", f"{len(f['hosts'])} hosts, {f['forks']} at a time: {', '.join(f['hosts'])}"
+        ),
+        "host-done": lambda f, p: p(
+            "green" if f["exit_code"] == 0 else "yellow", f"loop ended: exit {f['exit_code']}"
+        ),
+        "host-says": lambda f, p: f["text"],
+        "fleet-summary": _fleet_table,
+    }
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,17 +59,18 @@ def recover(
     variables: dict[str, Any],
     health: Health,
     stop: threading.Event,
-    on_step=None,
+    emit: Callable[..., None] = lambda kind, **fields: None,
 ) -> Outcome:
-    """One attempt = the steps in order (a failing step ends it), then probes until healthy."""
+    """One attempt = the steps in order (a failing step ends it), then probes until healthy.
+    `emit` hears each step start (`recovery-step`) and each failed attempt with the wait
+    before the next (`recovery-failed`, `retry_in` None after the last)."""
     started = time.monotonic()
     steps: list[dict[str, Any]] = []
     reason = None
     for attempt in range(1, config.attempts + 1):
         failed = None
         for spec in specs:
-            if on_step:
-                on_step(attempt, spec)
+            emit("recovery-step", attempt=attempt, step=spec.name)
             result = tasks.run(spec, group, variables, stop)
             steps.append(_step(attempt, spec, result))
             if not result.ok and not spec.task.ignore_errors:
@@ -80,7 +82,10 @@ def recover(
                 return Outcome(True, attempt, time.monotonic() - started, None, steps)
             failed = f"not healthy within {config.healthy_within:g} s after the steps"
         reason = f"{failed} (attempt {attempt} of {config.attempts})"
-        if attempt < config.attempts and stop.wait(config.delay * config.backoff ** (attempt - 1)):
+        last = attempt == config.attempts
+        pause = None if last else config.delay * config.backoff ** (attempt - 1)
+        emit("recovery-failed", attempt=attempt, reason=failed, retry_in=pause)
+        if pause is not None and stop.wait(pause):
             break
     return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)
 

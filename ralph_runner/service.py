@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ralph_runner import diagnostics, recovery, tasks
+from ralph_runner import deathdata, diagnostics, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.health import Health
 from ralph_runner.plan import Plan
@@ -83,6 +83,7 @@ class Service:
             "collectors": collected,
             "capture_seconds": round(time.monotonic() - started, 3),
         }
+        record.update(deathdata.at_death(self.plan, record))  # recorder window, signature
         self.death_log.write_death(record)
         self.emit("report", death=number, log=str(self.death_log.log_path))
         outcome = self._recover_or_reason(now, variables)
@@ -122,9 +123,6 @@ class Service:
             return recovery.Outcome(False, 0, 0.0, reason)
         group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
 
-        def on_step(attempt, spec):
-            self.emit("recovery-step", attempt=attempt, step=spec.name)
-
         return recovery.recover(
             self.config,
             self.plan.runbook.recovery_steps,
@@ -132,7 +130,7 @@ class Service:
             variables,
             self.health,
             self.stop,
-            on_step,
+            self.emit,
         )
 
 

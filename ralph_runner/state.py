@@ -12,18 +12,32 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ralph_runner.errors import FatalError, Problem
+
+if TYPE_CHECKING:
+    from ralph_runner.reports import Redactor
 
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
 EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
-STATUSES = ("idle", "running", "finished", "stopped", "gave-up", "interrupted", "failed")
+STATUSES = (
+    "idle",
+    "running",
+    "finished",
+    "stopped",
+    "gave-up",
+    "agent-broken",
+    "interrupted",
+    "failed",
+    "crashed",
+)
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
@@ -84,6 +98,11 @@ class State:
     started: float | None = None  # epoch of the first start of this run
     status: str = "idle"  # one of STATUSES
     last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
+    # The broken-agent rule (failures.py): the last failed attempt, the items skipped while
+    # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
+    last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
+    streak_skipped: list[str] = field(default_factory=list)
+    agent_broken: dict[str, Any] | None = None  # {reason, output_tail, items, skipped}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,13 +141,29 @@ _VALID = {
     "started": lambda v: v is None or _is_number(v),
     "status": lambda v: v in STATUSES,
     "last_death": lambda v: v is None or isinstance(v, dict),
+    "last_failure": lambda v: v is None or isinstance(v, dict),
+    "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    "agent_broken": lambda v: v is None or isinstance(v, dict),
 }
 
 
 class Store:
-    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock."""
+    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock.
 
-    def __init__(self, workdir: Path) -> None:
+    redactor: masks secrets in everything written (a death's reason carries the probe URL).
+    warn: told what could not be written where the loop goes on anyway (the lock's pid).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        redactor: Redactor | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.redactor = redactor
+        self.warn = warn or (
+            lambda message: print(f"ralph-run: warning: {message}", file=sys.stderr)
+        )
         self.workdir = Path(workdir)
         self.dir = self.workdir / STATE_DIR
         self.state_path = self.dir / "state.json"
@@ -184,8 +219,11 @@ class Store:
                     ),
                     exit_code=3,
                 ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:  # only for the message of a second run: a full disk must not stop this one
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as e:
+                self.warn(f"{self.lock_path}: pid not written: {e.strerror} (the lock holds)")
             try:
                 yield
             finally:
@@ -212,6 +250,8 @@ class Store:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
+        if self.redactor is not None:
+            data = self.redactor.data(data, keys=True)
         text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
         write_atomic(path, text.encode("utf-8"), durable=durable)
 
@@ -229,11 +269,12 @@ def _holder_pid(fd: int) -> str:
     return pid if pid.isdigit() else "unknown"
 
 
-def exclude_from_git(workdir: Path, paths: list[Path]) -> None:
+def exclude_from_git(workdir: Path, paths: list[Path], patterns: Iterable[str] = ()) -> None:
     """Keep ralph-run's files out of `git status` via .git/info/exclude, so `verify: committed`
     never sees them as a dirty tree. `.ralph/` and leftover temp files always; `paths` (relative
-    to `workdir` or absolute) when they lie inside the repository. Adds each entry once; does
-    nothing outside a git repository.
+    to `workdir` or absolute) when they lie inside the repository; `patterns` (gitignore
+    patterns: the agents' own files) as they are. Adds each entry once; does nothing outside a
+    git repository.
     """
     workdir = Path(os.path.realpath(workdir))
     found = _find_repo(workdir)
@@ -245,6 +286,7 @@ def exclude_from_git(workdir: Path, paths: list[Path]) -> None:
         absolute = Path(os.path.realpath(workdir / path))
         if absolute.is_relative_to(top) and absolute != top:
             wanted.append(_anchored(top, absolute))
+    wanted.extend(patterns)
     exclude = common_dir / "info" / "exclude"
     existing = exclude.read_text("utf-8", "replace") if exclude.exists() else ""
     present = existing.split("\n")

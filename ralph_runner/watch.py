@@ -8,13 +8,14 @@ next step's watch) takes them over (`Health` hands a running check on).
 from __future__ import annotations
 
 import threading
+import time
 
 from ralph_runner.health import Health
 from ralph_runner.probes import ProbeResult
 
 
 class Watch:
-    """A background thread: every `every` s a health check; a death sets `cancel`."""
+    """A background thread: a health check every `every` s; a death sets `cancel`."""
 
     def __init__(self, health: Health, every: float, iteration: int) -> None:
         self.health, self.every, self.iteration = health, every, iteration
@@ -34,7 +35,7 @@ class Watch:
             self._done.set()
 
     def _watch(self) -> None:
-        while not self._done.wait(self.every):
+        while not self._done.wait(self._until_due()):
             alive, rounds = self.health.check(self.iteration, cancel=self._done)
             with self._verdict:
                 if self._done.is_set():
@@ -43,3 +44,8 @@ class Watch:
                     self.rounds = rounds
                     self.cancel.set()
                     return
+
+    def _until_due(self) -> float:
+        """`every` s after the last round of any source (ensure_alive, the watch of the step
+        before): a step that follows another keeps the period, so no gap exceeds `every`."""
+        return max(0.0, self.every - (time.monotonic() - self.health.last_round))

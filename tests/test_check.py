@@ -27,12 +27,24 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
         c["name"]: next(v for k, v in c.items() if k != "name")
         for c in plan["diagnostics"]["collect"]
     }
-    assert commands["docker container status"] == (
-        "docker ps -a --filter name=vllm-spark-head --format '{{.Status}} / {{.RunningFor}}'"
+    assert commands["docker container status"].startswith(
+        "status=$(docker ps -a --filter 'name=^vllm-spark-head$'"
+        " --format '{{.Status}} / {{.RunningFor}}')"
+    )
+    assert commands["container exit state"].startswith(
+        "docker inspect --format '{{.State.Status}}, exit code {{.State.ExitCode}}"
     )
     assert commands["container log (last lines)"] == "docker logs --tail 60 vllm-spark-head 2>&1"
-    assert plan["recovery"]["steps"][0]["shell"] == "~/gpu-scheduler/start_vllm.sh"
-    assert plan["health"]["probes"][0]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    steps = {step["name"]: step for step in plan["recovery"]["steps"]}
+    assert steps["stop the hung container"]["shell"] == "docker stop -t 10 vllm-spark-head"
+    assert steps["stop the hung container"]["when"] == "death.hung"
+    assert "~/gpu-scheduler/start_vllm.sh" in steps["start vLLM"]["shell"]  # ~/ left unquoted
+    probes = {
+        next(k for k in probe if k in ("http", "progress")): probe
+        for probe in plan["health"]["probes"]
+    }
+    assert probes["http"]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
+    assert probes["progress"]["progress"]["metrics"] == "http://127.0.0.1:8000/metrics"
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

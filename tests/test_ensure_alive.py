@@ -229,7 +229,8 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
     assert "no NVIDIA driver" in log
     death = json.loads(records.read_text().splitlines()[0])
     assert death["phase"] == "start" and death["probes"][0]["reason"] == "refused"
-    assert {c["name"]: c["ok"] for c in death["collectors"]}["docker container status"] is False
+    (docker,) = [c for c in death["collectors"] if c["name"] == "docker container status"]
+    assert not docker["ok"] or not docker["output"].strip()  # no docker, or no such container
     assert not [
         q for q in psutil.process_iter(["cmdline"]) if q.info["cmdline"] == ["sleep", "300"]
     ]

@@ -13,10 +13,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from e2e_helpers import make_workspace
+import yaml
+from e2e_helpers import AGENT_STEP, Scenario, make_workspace
 from engine_helpers import Engine
-from standin_helpers import ROOT, python_env, wait_for
+from standin_helpers import ROOT, Stream, long_request, process_gone, python_env, wait_for
 
 from ralph_runner import probes
 from ralph_runner.connection import for_host
@@ -207,3 +209,132 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
         "start vLLM",
     ]
     assert engine.admin_calls == ["hang", "resume"]
+
+
+# the stand-in, end to end: a real loop, the stand-in agent, the start script
+
+
+ITEMS = ["add the road", "add the car", "add the controls"]
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    made = Scenario(tmp_path)
+    yield made
+    made.close()
+
+
+def progress_probes(stall_after: float) -> list[dict]:
+    """The vllm.yaml way, scaled: progress in every check, the fast endpoint, and a costly
+    completion probe counted in iterations (due in the first iteration only)."""
+    return [
+        {
+            "name": "engine progress",
+            "progress": {
+                "metrics": "{{ base_url | regex_replace('/v1/?$', '') }}/metrics",
+                "completion": {"url": "{{ base_url }}", "model": "{{ model }}"},
+                "stall_after": stall_after,
+            },
+            "timeout": 1,
+        },
+        {"name": "models endpoint", "http": {"url": "{{ base_url }}/models"}, "timeout": 1},
+        {
+            "name": "can generate",
+            "completion": {"url": "{{ base_url }}", "model": "{{ model }}"},
+            "timeout": 1,
+            "every": 10,
+        },
+    ]
+
+
+def use_probes(scenario: Scenario, probes_: list[dict], **health: float) -> None:
+    data = yaml.safe_load(scenario.runbook_path.read_text())
+    data["health"].update(probes=probes_, **health)
+    scenario.runbook_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def calling(agent: psutil.Process, port: int) -> bool:
+    """The agent holds a connection to the server: its call is in flight."""
+    try:
+        return any(
+            c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port
+            for c in agent.net_connections("tcp")
+        )
+    except psutil.Error:
+        return False
+
+
+def test_a_standin_engine_hang_during_the_agents_call_is_found_and_recovered(scenario):
+    stall_after, watch, interval = 2.0, 0.5, 0.2
+    scenario.prepare(
+        ITEMS,
+        agent_sleep="1.5 if iteration == 2 else 0.1",
+        agent_timeout=120,  # only the watch can end the hung call in time
+        after_agent="echo agent finished",  # bash stays the agent's parent: a process tree
+        step_timeout=60,
+    )
+    use_probes(scenario, progress_probes(stall_after), watch=watch, interval=interval)
+    run = scenario.start()
+
+    run.wait_agent(2)
+    scenario.standin.trigger(busy=16, tokens_per_second=2)  # the agent's 16 tokens: 8 s
+    old_pid = scenario.standin.pid
+    agents = scenario.wait_agent_tree()
+    (agent,) = [p for p in agents if p.cmdline()[1:3] == ["-m", "ralph_runner.standin.agent"]]
+    wait_for(lambda: calling(agent, scenario.standin.port), 20, "the agent's call in flight")
+    before = scenario.standin.target().tokens()
+    wait_for(lambda: scenario.standin.target().tokens() > before, 10, "the answer streaming")
+    hung = time.time()
+    scenario.standin.admin("engine_hang").raise_for_status()
+
+    killed = run.wait_event("step-done", step=AGENT_STEP, killed=True, timeout=30)
+    limit = bound(watch, stall_after, 1, 2, interval)
+    print(f"stand-in hang during the agent's call: killed after {killed['time'] - hung:.2f} s")
+    assert stall_after <= killed["time"] - hung < limit + MARGIN
+    for process in agents:
+        wait_for(lambda pid=process.pid: process_gone(pid), 5, f"agent process {process.pid}")
+    assert run.wait(60) == 0, run.stderr
+
+    (record,) = scenario.records("death")
+    assert (record["phase"], record["iteration"]) == ("during-step", 2)
+    assert record["item"]["text"] == ITEMS[1]
+    first_failing = next(p for p in record["probes"] if not p["ok"])
+    assert (first_failing["name"], first_failing["reason"]) == ("engine progress", "stalled")
+    (recovery,) = scenario.records("recovery")
+    assert recovery["recovered"] is True
+    assert process_gone(old_pid) and scenario.standin.pid != old_pid  # the script replaced it
+    assert [e["item"] for e in run.of("retry")] == [ITEMS[1]]
+    assert not run.of("strike") and not run.of("skip")
+    assert scenario.marks() == ["x"] * len(ITEMS)
+    scenario.assert_nothing_left()
+
+
+def test_a_busy_standin_is_no_death(scenario):
+    """--max-num-seqs 1, long generations, a second request waiting: the agent's calls take
+    seconds with no death, though a completion probe would have timed out behind them."""
+    scenario.prepare(ITEMS[:2], agent_timeout=60, step_timeout=60, after_agent="echo finished")
+    use_probes(scenario, progress_probes(2.0)[:2], watch=0.3, interval=0.1)
+    scenario.standin.stop()
+    scenario.standin.start(HEALTH_TIMEOUT="1", MAX_NUM_SEQS="1", TOKENS_PER_SECOND="5")
+    scenario.standin.trigger(busy=16)  # the agent's answer: its max_tokens, 3.2 s
+    target = scenario.standin.target()
+    run = scenario.start()
+
+    run.wait_agent(1)
+    (agent,) = [
+        p
+        for p in scenario.wait_agent_tree()
+        if p.cmdline()[1:3] == ["-m", "ralph_runner.standin.agent"]
+    ]
+    wait_for(lambda: calling(agent, scenario.standin.port), 20, "the agent's call in flight")
+    other = Stream(f"{target.url}/chat/completions", long_request(target, max_tokens=20))
+    waiting = wait_for(
+        lambda: target.metrics()["vllm:num_requests_waiting"] >= 1, 30, "a waiting line"
+    )
+    assert run.wait(90) == 0, run.stderr
+    assert other.wait().error is None
+    assert waiting and not run.of("death") and not scenario.records()
+    agent_steps = [e for e in run.of("step-done") if e["step"] == AGENT_STEP]
+    assert len(agent_steps) == 2 and all(e["ok"] for e in agent_steps)
+    assert max(e["seconds"] for e in agent_steps) > 2.0  # busy for longer than stall_after
+    scenario.assert_nothing_left()

@@ -347,12 +347,10 @@ def test_a_death_is_no_strike_and_ralph_runs_files_never_dirty_the_tree(loop):
     for target in (str(loop.runbook), str(loop.work / "logs" / "deaths.jsonl")):
         deaths = loop.command("deaths", target)
         assert deaths.returncode == 0, deaths.stderr
-        first, totals = deaths.stdout.splitlines()
-        assert (
-            first.startswith("#1 ") and "after-failure" in first and "alive file: status" in first
-        )
+        (first,) = [line for line in deaths.stdout.splitlines() if line.startswith("  #1 ")]
+        assert "after-failure" in first and "probe alive file: status" in first
         assert "recovered in" in first and first.endswith("die-once item")
-        assert "1 death, 1 recovered" in totals
+        assert "1 death over 2 iterations on 1 host" in deaths.stdout  # the retry is one
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -419,13 +417,14 @@ def test_kill_9_then_restart_resumes_with_the_same_counters(loop):
     process.communicate(timeout=10)
     lock = loop.work / ".ralph" / "lock"
     assert lock.read_text().strip() == str(process.pid)  # the stale lock of the killed run
-    assert marked(loop.marker)  # nothing can clean up at SIGKILL: the agent lives on ...
+    # the agent's tree dies with ralph-run (test_agent_tree.py measures how fast)
+    wait_for(lambda: not marked(loop.marker), 5, "the agent's tree to be gone")
 
     status = loop.command("status", str(loop.work))
     assert status.returncode == 0, status.stderr
     assert f"not running: pid {process.pid} is gone" in status.stdout
 
-    restarted = loop.run()  # ... until the next run clears the trees the killed one recorded
+    restarted = loop.run()
     assert restarted.returncode == 0, restarted.stderr
     assert not marked(loop.marker)
     all_events = events(restarted.stdout)
@@ -476,7 +475,8 @@ def test_status_reads_a_workdir_or_a_runbook(loop):
     assert "deaths:     0" in lines
     as_json = json.loads(loop.command("status", str(loop.runbook), "--json").stdout)
     assert as_json["running"] is False and as_json["status"] == "finished"
-    assert loop.command("deaths", str(loop.runbook)).stdout == "no deaths recorded\n"
+    no_deaths = loop.command("deaths", str(loop.runbook)).stdout.splitlines()
+    assert no_deaths[-1] == "no deaths recorded (4 iterations in the history)"
     assert (as_json["iteration"], as_json["done"], as_json["skipped"], as_json["deaths"]) == (
         4,
         2,

@@ -80,7 +80,7 @@ def test_idle_hang_is_stalled_within_the_timeout(engine, prober):
 
     assert verdict(result) == (False, "stalled")
     assert re.fullmatch(
-        r"idle engine did not answer a 1-token request within 0\.7 s", result.detail
+        r"idle engine did not answer a 1-token request within \d+(\.\d+)? s", result.detail
     )
     assert time.monotonic() - started < prober.ctx.timeout + MARGIN
 

@@ -7,6 +7,8 @@ A module in this package is an action kind when it defines:
     def run(params, ctx: TaskContext) -> TaskResult
     def describe(params, ctx: TaskContext) -> str   # rendered, for --check; never runs anything
 
+    LOOP_ONLY: bool = False        # optional: True if it needs the loop (refused elsewhere)
+
 Adding an action kind is adding one module here: the schema and the executor find it by KEY.
 """
 
@@ -75,7 +77,7 @@ class TaskContext:
     variables: Mapping[str, Any]
     templar: Templar
     connection: Connection
-    cwd: Path
+    cwd: Path | None  # None on a remote host: its login directory
     env: dict[str, str]
     timeout: float | None
     max_output: int
@@ -96,4 +98,6 @@ class TaskContext:
         }
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")
+KINDS: dict[str, ModuleType] = plugins.discover(
+    __name__, Path(__file__).parent, "KEY", required=("Params", "run", "describe")
+)

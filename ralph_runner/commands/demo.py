@@ -1,8 +1,9 @@
 """`ralph-run demo`: the whole loop on the stand-in server, two deaths recovered, in a minute.
 
 It makes a throw-away git workspace, starts the stand-in vLLM, runs runbooks/demo.yaml on it
-and, like a bad day on a GPU host, kills the server twice: once between two iterations, once
-with a prompt the stand-in's "KV cache" cannot hold. Then it shows the death log.
+and, like a bad day on a GPU host, breaks the server twice during the agent's call: its engine
+hangs as vLLM's does (/health still 200, no token ever: the progress probe sees it), then a
+prompt the stand-in's "KV cache" cannot hold kills it. Then it shows the death log.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ ITEMS = [
 ]
 AGENT_STEP = "run the agent"
 CHAOS = {  # iteration -> the fault set while the agent step of that iteration runs
-    3: {"hang": True},  # alive, port held, no answer: the watch must see it and kill the agent
+    3: {"engine_hang": True},  # /health 200, generation blocked: the progress probe sees it
     6: {"die_on_prompt_chars": 10},  # the KV-cache assertion on the agent's prompt; exit 0
 }
 
@@ -149,3 +150,8 @@ def _show(workspace: Path) -> None:
     if log.is_file():
         first = log.read_text(encoding="utf-8").split("===== END =====")[0]
         print(first + "===== END =====")
+    from ralph_runner import deathstats, htmlreport  # the demo ends with its report
+
+    report = workspace / "report.html"
+    htmlreport.write(deathstats.load([str(workspace)]), report)
+    print(f"\nreport: {report}")

@@ -3,28 +3,73 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Protocol
 
-from ralph_runner import plan
+from ralph_runner import crash, fleet, plan
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import Interrupted, Runner
 from ralph_runner.output import Output
 from ralph_runner.reports import Redactor
 
 
+class Follower(Protocol):
+    """Follows the event stream and has a last word when the run ends."""
+
+    def __call__(self, kind: str, fields: dict[str, Any]) -> None: ...
+
+    def close(self, code: int) -> None: ...
+
+
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)
     if len(plans) > 1:
-        hosts = ", ".join(p.host for p in plans)
-        raise FatalError(
-            f"hosts matches {len(plans)} hosts ({hosts}); a loop serves one host: "
-            "choose it with --limit HOST"
-        )
+        secrets = [value for p in plans for value in p.secret_values()]
+        crash.register(redactor=Redactor(secrets))
+        output = Output(json_lines=args.json, verbose=args.verbose, redactor=Redactor(secrets))
+        return fleet.run(plans, args, output)
     (selected,) = plans
     output = Output(
         json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
     )
+    followers = _followers(selected, output)
+    code = crash.EXIT_INTERNAL  # what an unexpected exception will exit with
     try:
-        return Runner(selected, output).run()
+        runner = Runner(selected, output)
+        crash.register(runner.store, output.redactor)  # a crash marks this run, masks its secrets
+        code = runner.run()
+        return code
     except Interrupted as exc:
         output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
-        return exc.exit_code
+        code = exc.exit_code
+        return code
+    except FatalError as exc:
+        code = exc.exit_code
+        raise
+    finally:
+        for follower in followers:
+            follower.close(code)
+
+
+def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
+    """The metrics textfile and the notifier, when the runbook asks for them (imported only
+    then: Apprise alone takes half a second to import)."""
+
+    def warn(message: str) -> None:
+        output.event("warning", message=message)
+
+    found: list[Follower] = []
+    if selected.model.metrics is not None:
+        from ralph_runner import metrics
+
+        textfile = metrics.textfile_path(selected)
+        if textfile is not None:
+            found.append(metrics.Textfile(textfile, selected.host, warn))
+    config = selected.model.notify
+    if config.to or config.deadman:
+        from ralph_runner import notify
+
+        targets = notify.targets(selected)
+        found.append(notify.Notifier(config, targets, selected.host, warn))
+    for follower in found:
+        output.subscribe(follower)
+    return found

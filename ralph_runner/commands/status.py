@@ -16,13 +16,15 @@ from typing import Any
 
 import psutil
 
-from ralph_runner import plan, state
+from ralph_runner import fleet_status, plan, state
 
 EXIT_NO_STATUS = 1
 
 
 def main(args: argparse.Namespace) -> int:
-    workdir = workdir_of(args.target)
+    if args.inventory:
+        return fleet_main(args)
+    workdir = workdir_of(args.target or ".")
     status = state.Store(workdir).read_status()
     if status is None:
         print(
@@ -36,6 +38,17 @@ def main(args: argparse.Namespace) -> int:
     else:
         print("\n".join(human_lines(status)))
     return 0
+
+
+def fleet_main(args: argparse.Namespace) -> int:
+    """Every host's loop, read at once over its connection; exit 1 when any cannot be read."""
+    places = fleet_status.workdirs(args.target, args.inventory, args.limit)
+    rows = fleet_status.read_all(args.inventory, places, args.timeout)
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False, sort_keys=True))
+    else:
+        print("\n".join(fleet_status.table(rows)))
+    return EXIT_NO_STATUS if any("error" in row for row in rows) else 0
 
 
 def workdir_of(target: str) -> Path:
@@ -66,9 +79,23 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    lines.extend(_agent_broken(status.get("agent_broken")))
     if isinstance(status.get("updated"), int | float):
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
+    return lines
+
+
+def _agent_broken(broken: Any) -> list[str]:
+    """Why the loop stopped with exit 6, and the items it skipped before it saw it."""
+    if not isinstance(broken, dict):
+        return []
+    items = " and ".join(repr(i) for i in broken.get("items") or [])
+    lines = [f"agent:      broken: {broken.get('reason')} (the same failure on {items})"]
+    skipped = broken.get("skipped") or []
+    if skipped:
+        names = ", ".join(repr(i) for i in skipped)
+        lines.append(f"skipped:    {names} (while the agent was broken; '- [ ]' retries them)")
     return lines
 
 

@@ -126,4 +126,6 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
     return ProbeResult(name, kind, ok, None if ok else reason, detail, time.monotonic() - started)
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KIND")
+KINDS: dict[str, ModuleType] = plugins.discover(
+    __name__, Path(__file__).parent, "KIND", required=("Params", "check")
+)

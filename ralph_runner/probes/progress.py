@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
 from ralph_runner.probes import completion as completion_probe
 
@@ -43,7 +43,7 @@ class Params(BaseModel):
     completion: completion_probe.Params | None = None  # the idle canary; None: idle is not checked
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
-    stall_after: templated(PositiveFloat) = 15.0
+    stall_after: Templated[PositiveFloat] = 15.0
 
 
 @dataclass
@@ -96,7 +96,7 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     try:
         ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))
     except httpx.TimeoutException:
-        return unanswered(params, ctx, deadline, before, sent)
+        return unanswered(params, ctx, deadline, before, (sent, within))
     took = time.monotonic() - sent
     if not ok:
         return False, reason, detail
@@ -108,18 +108,19 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
 
 
 def unanswered(
-    params: Params, ctx: ProbeContext, deadline: float, before: Scrape, sent: float
+    params: Params, ctx: ProbeContext, deadline: float, before: Scrape, canary: tuple[float, float]
 ) -> Verdict:
     """No token for our canary. Work that came meanwhile may hold the engine: busy if tokens
     moved or more than our canary is active; else the idle engine is stalled. Either way our
-    canary is a request waiting since `sent`: the stall clock runs from then."""
-    within = time.monotonic() - sent
+    canary (sent at `sent`, given `within` s) is a request waiting: the stall clock runs from
+    when it was sent."""
+    sent, within = canary
     again = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
     if not isinstance(again, Scrape):
         return again
     state = ctx.state
     state["total"] = again.total
-    if again.total > before.total:
+    if again.total > before.total:  # our canary waits behind that work, so work is active
         state["waiting_since"] = time.monotonic()
         gained = again.total - before.total
         return True, None, f"busy: +{gained:g} tokens while our 1-token request waited"

@@ -36,7 +36,7 @@ now_us() { echo "${EPOCHREALTIME/./}"; }
 
 # One check, printed as one word: healthy | busy | hung | down | status N. Exit 0 for healthy/busy.
 CHECK='
-import json, sys, urllib.error, urllib.request as u
+import json, sys, time, urllib.error, urllib.request as u
 root, model, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 def tokens():
     text = u.urlopen(root + "/metrics", timeout=timeout).read().decode()
@@ -44,12 +44,13 @@ def tokens():
     return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(names))
 try:
     u.urlopen(root + "/health", timeout=timeout)
-    before = tokens()
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
     ask = u.Request(root + "/v1/completions", body, {"Content-Type": "application/json"})
     try:
         u.urlopen(ask, timeout=timeout).read()
-    except TimeoutError:
+    except TimeoutError:  # queued behind a busy engine, or a hung one: do the counters move?
+        before = tokens()
+        time.sleep(1)
         moved = tokens() > before
         print("busy" if moved else "hung")
         sys.exit(0 if moved else 3)
