@@ -173,15 +173,11 @@ class Engine:
         return sum(sums.get(name, 0.0) for name in COUNTERS)
 
     def generating(self) -> bool:
-        """A request is running and its tokens move (two scrapes 0.3 s apart)."""
+        """A request is running (one scrape: cheap enough to poll every 0.1 s)."""
         try:
-            before = self.tokens()
-            time.sleep(0.3)
-            now = self.metrics()
+            return self.metrics().get("vllm:num_requests_running", 0) >= 1
         except httpx.HTTPError:
             return False
-        moved = sum(now.get(name, 0.0) for name in COUNTERS) > before
-        return moved and now.get("vllm:num_requests_running", 0) >= 1
 
     # breaking
 

@@ -27,7 +27,7 @@ from real_helpers import RUNBOOK, SERVED_NAME, Engine, LongGeneration, gone, wai
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 AGENT_STEP = "run the agent"
-THINK_TOKENS = 3000  # the agent's own long call: 5-15 s of the tiny model, time to hit it
+THINK_TOKENS = 5000  # the agent's own long call: 5-20 s of the tiny model, time to hit it
 STALL_AFTER = 15  # -e stall_after: the tiny model's prefill takes milliseconds (shipped: 60)
 # runbooks/vllm-local.yaml's hang bound: watch + stall_after + 2 x probe timeout + interval.
 HANG_BOUND = 5 + STALL_AFTER + 2 * 5 + 1
