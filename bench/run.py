@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import cases, deathdata
+from bench import cases, deathdata, real
 from bench.stand import ROOT, Server, leftovers
 from bench.table import Row, render
 
@@ -34,6 +34,7 @@ CASES: dict[str, Callable[[cases.Bench], list[Row]]] = {
     "recorder": deathdata.recorder_cost,
     "deaths": deathdata.deaths_scale,
     "report": deathdata.report_scale,
+    "real": real.real_engine,  # the real vLLM (ci/install-vllm.sh), else skipped
 }
 NEEDED = ("curl", "git", "bash", "setsid", "timeout")
 

@@ -80,6 +80,7 @@ ensure_vllm_alive() {
   bench_mark dead
   # stage 2: diagnostics
   capture_diagnostics "$context_iter" "$context_item" "$context_prompt_size" >> "$DEATH_LOG"
+  bench_mark recorded
   echo "📝 diagnostics written: $DEATH_LOG"
   # stage 3: restart (first try -> 30 s wait -> second try)
   echo "🔁 restarting vLLM (1st)"

