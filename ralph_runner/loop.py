@@ -35,7 +35,6 @@ from ralph_runner.service import GaveUp, Service
 from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
-FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up", "agent-broken"}
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
 
 
@@ -151,21 +150,24 @@ class Runner:
             self.health = health
             try:
                 code = self._loop()
-                self.state.status = "finished" if code == EXIT_DONE else "stopped"
+                state.move(self.state, "finished" if code == EXIT_DONE else "stopped")
                 return code
             except GaveUp:
-                self.state.status = "gave-up"
+                state.move(self.state, "gave-up")
                 raise
             except AgentBroken:
-                self.state.status = "agent-broken"
+                state.move(self.state, "agent-broken")
                 raise
             except FatalError:  # e.g. a template error in a step: fix the runbook, run again
-                self.state.status = "failed"
+                state.move(self.state, "failed")
                 raise
             except Interrupted:
                 self.stop.set()
                 execute.kill_all()
-                self.state.status = "interrupted"
+                state.move(self.state, "interrupted")
+                raise
+            except Exception:  # a bug in ralph-run: said as such, and resumed by the next run
+                state.move(self.state, "crashed")
                 raise
             finally:
                 health.close()
@@ -188,14 +190,15 @@ class Runner:
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
-        if loaded.status in FRESH_STATUSES:
+        if loaded.status in state.STARTS_OVER:
             loaded.iteration = 0
             loaded.started = time.time()
         else:
             self.output.event(
                 "resume", iteration=loaded.iteration, deaths=loaded.deaths, item=loaded.current_item
             )
-        loaded.pid, loaded.status = os.getpid(), "running"
+        loaded.pid = os.getpid()
+        state.move(loaded, "running")
         loaded.agent_broken = None  # it explained the last stop; this run starts over
         return loaded
 

@@ -23,16 +23,27 @@ from ralph_runner.errors import FatalError, Problem
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
 EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
+# The run states, Supervisor-style: a fixed set, and the moves allowed between them.
 STATUSES = (
-    "idle",
-    "running",
-    "finished",
-    "stopped",
-    "gave-up",
-    "agent-broken",
-    "interrupted",
-    "failed",
+    "idle",  # never run
+    "running",  # a run holds the workdir (or was killed with -9 while it did)
+    "finished",  # the checklist is done (exit 0)
+    "stopped",  # max_iterations reached with items left (exit 5)
+    "gave-up",  # the service could not be recovered (recovery.exit_code)
+    "agent-broken",  # the agent failed the same way on two items (exit 6)
+    "interrupted",  # SIGINT/SIGTERM (exit 130/143)
+    "failed",  # a FatalError in the run, e.g. a template error in a step (exit 2)
+    "crashed",  # an unexpected exception: a bug in ralph-run (exit 70)
 )
+ENDED = STATUSES[2:]
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "idle": frozenset({"running"}),
+    # running -> running: a run killed with -9 left "running" behind; the next one resumes it
+    "running": frozenset(STATUSES[1:]),
+    **{ended: frozenset({"running"}) for ended in ENDED},
+}
+# A run that starts from these starts over (iteration 0); from the others it resumes.
+STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken"})
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
@@ -115,6 +126,17 @@ class State:
             if not _VALID[name](value):
                 raise ValueError(f"{name!r} has an invalid value: {value!r}")
         return cls(**known)
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not allow: a bug in ralph-run, not something an operator did."""
+
+
+def move(state: State, to: str) -> None:
+    """The one way the run's status changes: refuses a move TRANSITIONS does not allow."""
+    if to not in TRANSITIONS.get(state.status, ()):
+        raise IllegalTransition(f"run status cannot move from {state.status!r} to {to!r}")
+    state.status = to
 
 
 def _is_int(value: Any) -> bool:
