@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import FatalError, Interrupted
 
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     except FatalError as exc:
         for problem in exc.problems:
             print(f"ralph-run: error: {problem}", file=sys.stderr)
+        code = exc.exit_code
+    except Interrupted as exc:  # the run saved its state and reported the signal
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130

@@ -25,30 +25,17 @@ from ralph_runner import (
     tasks,
 )
 from ralph_runner.actions import TaskResult
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
 from ralph_runner.failures import Failure
 from ralph_runner.health import Health, ProbeSpec
 from ralph_runner.loader import TaskSpec
 from ralph_runner.output import Output
 from ralph_runner.plan import Plan
-from ralph_runner.service import GaveUp, Service
+from ralph_runner.service import Service
 from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
-
-
-class AgentBroken(FatalError):
-    """The agent failed the same way on consecutive items while the service was healthy."""
-
-
-class Interrupted(BaseException):
-    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt, so that no `except Exception`
-    (a template's error handler, a probe's) turns the signal into an ordinary failure."""
-
-    def __init__(self, signum: int) -> None:
-        self.exit_code = 128 + signum
-        super().__init__(signal.Signals(signum).name)
 
 
 def probe_specs(plan: Plan) -> list[ProbeSpec]:
@@ -126,6 +113,14 @@ class Runner:
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
+        """The loop's exit code; an interrupt is reported (state saved) and raised on to the CLI."""
+        try:
+            return self._run()
+        except Interrupted as exc:
+            self.output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
+            raise
+
+    def _run(self) -> int:
         self._preflight()
         with (
             self.store.lock(),
