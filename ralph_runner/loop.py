@@ -9,8 +9,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
-
 from ralph_runner import (
     checklist,
     deathdata,
@@ -19,7 +17,6 @@ from ralph_runner import (
     git,
     housekeeping,
     orphans,
-    probes,
     reports,
     state,
     tasks,
@@ -27,67 +24,19 @@ from ralph_runner import (
 from ralph_runner.actions import TaskResult
 from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
 from ralph_runner.failures import Failure
-from ralph_runner.health import Health, ProbeSpec
 from ralph_runner.loader import TaskSpec
 from ralph_runner.output import Output
-from ralph_runner.plan import Plan
+from ralph_runner.plan import (  # noqa: F401 (probe_specs: check.py, until it imports plan)
+    Plan,
+    death_log_for,
+    health_for,
+    probe_specs,
+)
 from ralph_runner.service import Service
 from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
-
-
-def probe_specs(plan: Plan) -> list[ProbeSpec]:
-    """The runbook's probes rendered with the plan's variables and validated again."""
-    specs = []
-    for raw in plan.runbook.probes:
-        module = probes.KINDS[raw.kind]
-        params = getattr(raw.probe, raw.kind)
-        if getattr(module, "SHELL", False):
-            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
-        else:
-            data = params.model_dump() if isinstance(params, BaseModel) else params
-            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
-        try:
-            params = TypeAdapter(module.Params).validate_python(rendered)
-        except ValidationError as exc:  # e.g. `port: "{{ port }}"` rendered to a word
-            errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise FatalError(replace(raw.where, message=f"once rendered: {errors}")) from None
-        specs.append(ProbeSpec(raw.name, raw.kind, params, raw.probe.timeout, raw.probe.every))
-    return specs
-
-
-def health_for(plan: Plan) -> Health:
-    config = plan.model.health
-    return Health(
-        probe_specs(plan),
-        failures_before_dead=config.failures_before_dead,
-        interval=config.interval,
-        connection=plan.connection_for(None),
-    )
-
-
-def death_log_for(plan: Plan) -> reports.DeathLog:
-    config = plan.model.diagnostics
-    log = plan.path(("diagnostics", "log"), config.log)
-    records = config.records and plan.path(("diagnostics", "records"), config.records)
-    where = plan.runbook.where(("diagnostics", "template"))
-    if config.template == "default":
-        template = reports.default_template()
-    else:
-        try:
-            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
-    return reports.DeathLog(
-        log,
-        reports.records_path(log, records),
-        template=template,
-        templar=plan.templar,
-        redactor=reports.Redactor(plan.secret_values()),
-        where=where,
-    )
 
 
 class Runner:
