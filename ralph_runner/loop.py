@@ -26,12 +26,7 @@ from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
 from ralph_runner.failures import Failure
 from ralph_runner.loader import TaskSpec
 from ralph_runner.output import Output
-from ralph_runner.plan import (  # noqa: F401 (probe_specs: check.py, until it imports plan)
-    Plan,
-    death_log_for,
-    health_for,
-    probe_specs,
-)
+from ralph_runner.plan import Plan, death_log_for, health_for
 from ralph_runner.service import Service
 from ralph_runner.watch import Watch
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, deathdata, fleet, loop, plan, recovery, tasks
+from ralph_runner import checklist, deathdata, fleet, plan, recovery, tasks
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -60,7 +60,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     try:
         probes = [
             {"name": s.name, s.kind: _dump(s.params), "timeout": s.timeout, "every": s.every}
-            for s in loop.probe_specs(p)
+            for s in plan.probe_specs(p)
         ]
     except FatalError as exc:
         problems.append(exc)
