@@ -7,6 +7,7 @@ and a kill -9 in the middle of the write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.state import fsync_directory
 
 if TYPE_CHECKING:
     from ralph_runner.templating import Templar
@@ -186,22 +188,9 @@ def append_durably(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    if created:
-        fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a new file's directory entry durable too (best effort: some filesystems refuse)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if created:  # the new file's directory entry too (best effort: some filesystems refuse)
+        with contextlib.suppress(OSError):
+            fsync_directory(path.parent)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

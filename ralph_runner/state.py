@@ -74,15 +74,16 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
                 os.close(fd)
             os.replace(temp, target)
             if durable:
-                _fsync_dir(target.parent)
+                fsync_directory(target.parent)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise FatalError(Problem(f"cannot write: {e.strerror}", str(path))) from None
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable."""
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a new file in `directory` durable; OSError when it cannot be opened or
+    synced (a caller to whom that is best effort suppresses it)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
