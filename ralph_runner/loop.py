@@ -75,7 +75,7 @@ class Runner:
         ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
-            state.exclude_from_git(
+            git.exclude_from_git(
                 self.plan.workdir,
                 [self.store.dir, death_log.log_path, death_log.records_path],
                 self.ignore,

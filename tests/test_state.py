@@ -17,7 +17,8 @@ import pytest
 
 from ralph_runner import state as run_state
 from ralph_runner.errors import FatalError
-from ralph_runner.state import EXCLUDE_HEADER, State, Store, exclude_from_git
+from ralph_runner.git import EXCLUDE_HEADER, exclude_from_git
+from ralph_runner.state import State, Store
 
 pytestmark = pytest.mark.timeout(60)
 
