@@ -381,21 +381,10 @@ class Runner:
         facts = {**self._facts(), **({"context": context} if context else {})}
         self.service.ensure_alive(phase, facts, self.state.iteration)
 
-    def verify(self, params) -> TaskResult:
-        problems = []
-        item_text = self.state.current_item or ""
-        if params.checked:
-            found = checklist.find(checklist.read(self.checklist_path), item_text)
-            if found is None or found.mark != "x":
-                problems.append("item not ticked")
-        if params.committed:
-            self.after = self._snapshot()
-            before = self.before.head if self.before else None
-            if self.after is None or self.after.head == before:
-                problems.append("no new commit")
-            elif not self.after.clean:
-                problems.append("uncommitted changes")
-        return TaskResult(ok=not problems, output="; ".join(problems) or "verified")
+    def look_at_tree(self) -> git.Snapshot | None:
+        """The work tree now, for verify; kept as what the next iteration starts from."""
+        self.after = self._snapshot()
+        return self.after
 
     # -- helpers ---------------------------------------------------------------
     def _snapshot(self) -> git.Snapshot | None:
