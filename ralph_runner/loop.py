@@ -309,7 +309,12 @@ class Runner:
             from_process=failed["from_process"],
             at_once_untouched=untouched,
         )
-        return Failure(item.text, failed["reason"], failed["output_tail"], signatures)
+        return Failure(
+            item=item.text,
+            reason=failed["reason"],
+            output_tail=failed["output_tail"],
+            signatures=signatures,
+        )
 
     def _agent_broken(self, previous: Failure, failure: Failure) -> None:
         """Stop (exit 6): the agent, not the item, is failing. The failure is no strike, and the

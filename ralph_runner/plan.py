@@ -156,7 +156,15 @@ def probe_specs(plan: Plan) -> list[ProbeSpec]:
         except ValidationError as exc:  # e.g. `port: "{{ port }}"` rendered to a word
             errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise FatalError(replace(raw.where, message=f"once rendered: {errors}")) from None
-        specs.append(ProbeSpec(raw.name, raw.kind, params, raw.probe.timeout, raw.probe.every))
+        specs.append(
+            ProbeSpec(
+                name=raw.name,
+                kind=raw.kind,
+                params=params,
+                timeout=raw.probe.timeout,
+                every=raw.probe.every,
+            )
+        )
     return specs
 
 
