@@ -354,7 +354,7 @@ class Runner:
         text = checklist.read(self.checklist_path)
         current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
         if current is not None:
-            checklist.write(self.checklist_path, checklist.mark(text, current, "!"))
+            checklist.write(self.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
             if self.in_repo:
                 message = f"skip: {item.text} ({strikes} failures)"
                 git.commit_paths(self.plan.workdir, message, self.checklist_path)

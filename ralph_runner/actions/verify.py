@@ -42,7 +42,7 @@ def run(params: Params | None, ctx: TaskContext) -> TaskResult:
 
 def _ticked(checklist_path: Path, item_text: str) -> bool:
     found = checklist.find(checklist.read(checklist_path), item_text)
-    return found is not None and found.mark == "x"
+    return found is not None and found.mark == checklist.DONE
 
 
 def _commit_problems(before: Snapshot | None, after: Snapshot | None) -> list[str]:
