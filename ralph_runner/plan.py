@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
 from ralph_runner import connection, inventory, loader, probes, reports, templating
+from ralph_runner.actions import validate_rendered
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.health import Health, ProbeSpec
 from ralph_runner.loader import LoadedRunbook
@@ -151,11 +152,7 @@ def probe_specs(plan: Plan) -> list[ProbeSpec]:
         else:
             data = params.model_dump() if isinstance(params, BaseModel) else params
             rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
-        try:
-            params = TypeAdapter(module.Params).validate_python(rendered)
-        except ValidationError as exc:  # e.g. `port: "{{ port }}"` rendered to a word
-            errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise FatalError(replace(raw.where, message=f"once rendered: {errors}")) from None
+        params = validate_rendered(module.Params, rendered, raw.where)
         specs.append(
             ProbeSpec(
                 name=raw.name,
