@@ -52,6 +52,7 @@ from jinja2 import (
     TemplateSyntaxError,
     Undefined,
     UndefinedError,
+    meta,
     nodes,
 )
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -63,6 +64,8 @@ from ralph_runner.errors import FatalError, Problem, key_path
 # A whole string that is one `{{ expression }}` (whitespace control included); the parser
 # confirms it, since "{{ a }} {{ b }}" matches too.
 _LONE_EXPRESSION = re.compile(r"\s*\{\{[-+]?(?P<expression>.*?)-?\}\}\s*", re.DOTALL)
+# Filters and tests whose use shows the template expects a name may be missing.
+_GUARDS = {"default", "d", "mandatory", "defined", "undefined"}
 _ERROR_OUTPUT_CHARS = 2000  # of a failed pipe lookup's output, in its error message
 
 
@@ -312,6 +315,24 @@ class Templar:
             _require_defined(value)
             return value
 
+    def undefined_names(
+        self, text: str, variables: Mapping[str, Any], *, where: Problem | None = None
+    ) -> set[str]:
+        """Names the template uses that neither `variables` nor the template define (--check).
+
+        A name guarded somewhere by `default`, `mandatory` or `is defined` is not reported: the
+        template expects it may be missing.
+        """
+        with _reported(where, text):
+            tree = self._text.parse(text)
+        guarded = {
+            root.name
+            for node in tree.find_all((nodes.Filter, nodes.Test))
+            if node.name in _GUARDS and isinstance(root := _root(node.node), nodes.Name)
+        }
+        used = meta.find_undeclared_variables(tree)
+        return used - guarded - set(variables) - set(self._text.globals)
+
     # ---- internals ---------------------------------------------------------------------
 
     def _environment(self, finalize: Callable[[Any], Any]) -> ImmutableSandboxedEnvironment:
@@ -407,6 +428,13 @@ def has_template(text: str) -> bool:
 
 def _env(name: str, *, default: str = "") -> str:
     return os.environ.get(name, default)
+
+
+def _root(node: nodes.Node) -> nodes.Node:
+    """The variable at the start of `a.b['c']`."""
+    while isinstance(node, nodes.Getattr | nodes.Getitem):
+        node = node.node
+    return node
 
 
 def _below(where: Problem | None, key: str | int) -> Problem | None:

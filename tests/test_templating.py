@@ -417,6 +417,17 @@ def test_text_templates_with_loops_keep_their_shape(templar: Templar) -> None:
     assert rendered == "== death 2 ==\n- models: refused\n- gen: ok\n"
 
 
+def test_undefined_names_for_check(templar: Templar) -> None:
+    template = (
+        "{% for f in files %}{{ f }} {{ model }}{% endfor %}{% set n = 1 %}{{ n }}"
+        "{{ out.stdout | default('') }}{% if gpu is defined %}{{ gpu.name }}{% endif %}"
+        "{{ lookup('env', 'HOME') }} {{ item.text }}"
+    )
+    assert templar.undefined_names(template, {"files": [], "item": {}}) == {"model"}
+    with pytest.raises(FatalError, match="template syntax error"):
+        templar.undefined_names("{% for %}", {}, where=WHERE)
+
+
 def test_has_template() -> None:
     assert has_template("{{ x }}")
     assert has_template("{% raw %}x{% endraw %}")
