@@ -48,7 +48,7 @@ class Counts:
 
 
 def parse(text: str) -> list[Item]:
-    items = []
+    items: list[Item] = []
     for number, _, match in _item_lines(text):
         items.append(Item(_item_text(match), number, len(items), _normal_mark(match)))
     return items

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from ralph_runner import crash
 from ralph_runner.errors import FatalError, Interrupted
 
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
@@ -23,6 +24,8 @@ commands:
 exit codes:
   0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
   4 service not recovered (recovery.exit_code)   5 max_iterations reached with items left
+  6 the agent is broken (the same failure on consecutive items, service healthy)
+  70 internal error: a bug in ralph-run (the crash file it names has the traceback)
   130/143 interrupted (state saved)
 """
 
@@ -111,6 +114,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # a value with a lone surrogate prints, escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and argv[0] in COMMANDS else None
     args = _parser(command).parse_args(argv[1:] if command else argv)
     try:
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             code = module.main(args)
     except FatalError as exc:
         for problem in exc.problems:
-            print(f"ralph-run: error: {problem}", file=sys.stderr)
+            print(f"ralph-run: error: {crash.mask(str(problem))}", file=sys.stderr)
         code = exc.exit_code
     except Interrupted as exc:  # the run saved its state and reported the signal
         code = exc.exit_code
@@ -132,4 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ralph-run schema | head`: the reader left; leave quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 141
+    except Exception as exc:  # a bug: one line, a crash file, a documented exit code
+        code = crash.report(exc, argv)
     sys.exit(code)

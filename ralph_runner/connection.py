@@ -51,7 +51,9 @@ exit "$code"
 class Connection(Protocol):
     """Runs a command on one host; never raises for a command that fails."""
 
-    name: str  # "local" or "ssh user@host:port"
+    @property
+    def name(self) -> str:  # "local" or "ssh user@host:port"
+        ...
 
     def shell(
         self,
@@ -258,9 +260,9 @@ def _number(hostvars: Mapping[str, object], host: str, *names: str) -> int | Non
     value = _first(hostvars, *names)
     if value is None:
         return None
-    if isinstance(value, bool) or not str(value).isdigit() or int(value) == 0:
+    if isinstance(value, bool) or not str(value).isdigit() or int(str(value)) == 0:
         raise _problem(host, names[0], f"expected a positive whole number, got {value!r}")
-    return int(value)
+    return int(str(value))
 
 
 def _problem(host: str, variable: str, message: str) -> FatalError:

@@ -103,7 +103,7 @@ def attached(plan: Plan, output: Output, state_dir: Path) -> Iterator[Session]:
     recorder = None
     if settings is not None:
         try:
-            recorder = Recorder(settings, state_dir / DIRECTORY, output.event)
+            recorder = Recorder(settings, state_dir / DIRECTORY, output.event, output.redactor)
         except OSError as exc:  # an unwritable state dir: the loop matters more than its record
             output.event("warning", message=f"recorder not started: {exc}")
     history = History(

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import sh
@@ -265,7 +266,7 @@ def _start(
     tail: _OutputTail,
 ) -> _Running:
     """Start the command and register it, atomically as far as kill_all is concerned."""
-    options: dict[str, object] = {
+    options: dict[str, Any] = {
         "_bg": True,
         "_bg_exc": False,  # we read the exit code ourselves; no exception from sh's threads
         "_new_session": True,  # its own session and process group: a kill reaches the tree

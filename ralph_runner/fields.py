@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, TypeAlias, TypeVar
 
 from pydantic import AfterValidator, StringConstraints
 
@@ -12,9 +12,9 @@ from pydantic import AfterValidator, StringConstraints
 TemplateText = Annotated[str, StringConstraints(pattern=r"\{\{.*\}\}")]
 
 
-def templated(kind: Any) -> Any:
-    """`kind`, or a template that renders to one."""
-    return kind | TemplateText
+_T = TypeVar("_T")
+# `Templated[int]`: an int, or a template that renders to one (an alias tools can follow).
+Templated: TypeAlias = _T | TemplateText
 
 
 def _compiles(pattern: str) -> str:

@@ -40,6 +40,7 @@ _HOST_PORT = re.compile(r"((?:[^:\[\]]|\[[^\]]*\])+):([0-9]+)")
 _BRACKETED_HOST_PORT = re.compile(r"\[(.+)\]:([0-9]+)")
 _PATTERN_PART = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")
 _GLOB_CHARS = (".", "?", "*", "[")
+_SHOWN_CHARS = 80  # of an -e value, in its error message
 
 
 @dataclass
@@ -286,6 +287,7 @@ class _Parser:
         return name
 
     def set_vars(self, group: _Group, variables: dict, where: tuple[str, ...]) -> None:
+        _require_names(variables, self.doc, where)
         for name, value in variables.items():
             if name != "ansible_group_priority":
                 group.vars[name] = value
@@ -336,6 +338,7 @@ class _Parser:
                 group.hosts.append(name)
             if port is not None:
                 host_vars["ansible_port"] = port
+            _require_names(variables or {}, self.doc, where)
             host_vars.update(variables or {})
 
     def reconcile(self) -> None:
@@ -462,29 +465,36 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(doc.data, dict):
         message = f"{what} must hold a mapping of variable names to values, found {_kind(doc.data)}"
         raise FatalError(doc.problem((), message))
+    _require_names(doc.data, doc, ())
     return doc.data
 
 
 def _read_json(path: Path) -> yamlfile.Document | None:
-    try:
-        return _parse_json(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError):
-        return None  # yamlfile.load reports it
+    return _parse_json(yamlfile.read_text(path), str(path))
 
 
 def _parse_json(text: str, file: str) -> yamlfile.Document | None:
-    """JSON, which Ansible's loader tries before YAML (YAML rejects tab indents); None if not."""
+    """JSON, which Ansible's loader tries before YAML (YAML rejects tab indents); None if not.
+
+    Held to the YAML loader's bounds: JSON has no aliases, so size and depth are all there is.
+    """
+    if len(text) > yamlfile.MAX_BYTES:
+        return None  # the YAML loader says it is too big
     try:
-        return yamlfile.Document(json.loads(text), file, {(): (1, 1)})
+        data = json.loads(text)
+    except RecursionError:
+        raise FatalError(Problem(f"invalid JSON: {yamlfile.too_deep()}", file)) from None
     except ValueError:
         return None
+    yamlfile.check_depth(data, file)
+    return yamlfile.Document(data, file, {(): (1, 1)})
 
 
 def _extra_vars(value: str) -> dict[str, Any]:
     """One -e value: @FILE, an inline JSON/YAML mapping, or KEY=VALUE words (values as text)."""
     if not value:
         return {}
-    shown = f"-e {value!r}"
+    shown = f"-e {value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + '...'!r}"
     if value.startswith("@"):
         try:
             return _read_mapping(Path(value[1:]), "the file")
@@ -524,14 +534,23 @@ def _inline_mapping(value: str, shown: str) -> dict[str, Any]:
             raise FatalError(message) from None
     if not isinstance(doc.data, dict):
         raise FatalError(f"{shown}: expected a mapping of variables, found {_kind(doc.data)}")
+    _require_names(doc.data, doc, ())
     return doc.data
+
+
+def _require_names(variables: Mapping[Any, Any], doc: yamlfile.Document, where: tuple) -> None:
+    """Variable names are strings (YAML makes `1:` a number, `yes:` a boolean)."""
+    for name in variables:
+        if not isinstance(name, str):
+            message = f"variable name {name!r} must be a string; quote it"
+            raise FatalError(doc.problem((*where, str(name)), message))
 
 
 def _reject_ini(path: Path) -> None:
     """An INI inventory is common; say how to convert it rather than report a YAML error."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = yamlfile.read_text(path).splitlines()
+    except FatalError:
         return
     for number, line in enumerate(lines, 1):
         text = line.strip()

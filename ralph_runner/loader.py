@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ralph_runner import schema, templating, yamlfile
+from ralph_runner import actions, schema, templating, yamlfile
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.yamlfile import Document
 
@@ -22,9 +22,13 @@ SHIPPED_COLLECTORS = Path(__file__).parent / "collectors"
 
 @dataclass
 class TaskSpec:
-    """One task, ready to run: its model, its action kind, where it was written, set vars."""
+    """One task, ready to run: its model, its action kind, where it was written, set vars.
 
-    task: BaseModel
+    `where` is the action's key (`shell:`), the place of the template most errors are about;
+    `where_of("when")` is the place of another keyword of the task.
+    """
+
+    task: schema.TaskKeywords
     kind: str
     where: Problem
     vars: dict[str, Any] = field(default_factory=dict)
@@ -35,6 +39,11 @@ class TaskSpec:
     def name(self) -> str:
         return self.task.name or f"{self.kind}"
 
+    @property
+    def params(self) -> Any:
+        """The value of the task's action key (`shell:`'s command, `verify:`'s options)."""
+        return getattr(self.task, self.kind)
+
     def where_of(self, keyword: str) -> Problem:
         """The position of one of the task's keys (its `when`, say), for errors in its value."""
         if self.document is None:
@@ -44,7 +53,7 @@ class TaskSpec:
 
 @dataclass
 class ProbeSpecRaw:
-    probe: BaseModel
+    probe: schema.ProbeKeywords
     kind: str
     where: Problem
 
@@ -92,16 +101,31 @@ def load(path: str | Path) -> LoadedRunbook:
         collectors=expand(model.diagnostics.collect, ("diagnostics", "collect")),
         recovery_steps=expand(model.recovery.steps, ("recovery", "steps")),
         probes=[
-            ProbeSpecRaw(
-                probe, schema.probe_kind(probe), document.problem(("health", "probes", i), "")
-            )
+            ProbeSpecRaw(probe, kind, document.problem(("health", "probes", i, kind), ""))
             for i, probe in enumerate(model.health.probes)
+            for kind in [schema.probe_kind(probe)]
         ],
     )
+    problems += _loop_only_outside_the_loop(loaded)
     problems += death_field_problems(loaded.recovery_steps)
     if problems:
         raise FatalError(problems)
     return loaded
+
+
+def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
+    """`verify` and `ensure_alive` need the loop: in a capture or a recovery they are a
+    mistake, reported at their line (an included file's line, if it came from one)."""
+    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    return [
+        replace(
+            spec.where,
+            message=f"{spec.kind!r} is a loop step: it runs only in loop.steps, not in {section}",
+        )
+        for section, specs in sections.items()
+        for spec in specs
+        if getattr(actions.KINDS[spec.kind], "LOOP_ONLY", False)
+    ]
 
 
 def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:
@@ -158,8 +182,9 @@ def _expand(
                 continue
             out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
         else:
-            spot = document.problem(where, "")
-            out.append(TaskSpec(entry, schema.task_kind(entry), spot, scope, document, where))
+            kind = schema.task_kind(entry)
+            spot = document.problem((*where, kind), "")
+            out.append(TaskSpec(entry, kind, spot, scope, document, where))
     return out
 
 

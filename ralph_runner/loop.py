@@ -31,6 +31,7 @@ from ralph_runner.service import Service
 from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
+SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
 
 
@@ -40,7 +41,7 @@ class Runner:
     def __init__(self, plan: Plan, output: Output) -> None:
         self.plan, self.output = plan, output
         self.model = plan.model
-        self.store = state.Store(plan.workdir)
+        self.store = state.Store(plan.workdir, output.redactor, self._warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
         self.state = state.State()
@@ -121,7 +122,7 @@ class Runner:
         committing = [
             spec
             for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify" and (spec.task.verify is None or spec.task.verify.committed)
+            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
         ]
         if committing and not git.is_repo(self.plan.workdir):
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
@@ -196,9 +197,10 @@ class Runner:
                 failed = self._step_record(spec, result)
                 self.failed_step = failed
         if failed and st.deaths == deaths_before and self.plan.runbook.probes:
-            # A dying server may still answer for a moment after failing the agent's call:
-            # look again one `interval` later before blaming the item.
-            self.stop.wait(self.model.health.interval)
+            # A dying server may still answer for a moment after failing the agent's call
+            # (vLLM's /v1/models answers 200 for ~0.3 s after its engine died, then the API
+            # server exits): look again, at least SETTLE s later, before blaming the item.
+            self.stop.wait(max(self.model.health.interval, SETTLE))
             self._ensure_alive("after-failure")
         died = st.deaths > deaths_before
         # What verify saw is the next iteration's start, unless something ran after it.
@@ -444,6 +446,9 @@ class Runner:
         except FatalError as exc:
             self.output.event("warning", message=f"state not saved: {exc}")
 
+    def _warn(self, message: str) -> None:
+        self.output.event("warning", message=message)
+
     def _status(self) -> dict[str, Any]:
         counts = checklist.counts(checklist.read(self.checklist_path))
         st = self.state
@@ -480,8 +485,8 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
     """The agents' own files: the built-in list and every verify step's `ignore:`."""
     patterns = list(housekeeping.DEFAULT_IGNORE)
     for spec in plan.runbook.loop_steps:
-        if spec.kind == "verify" and spec.task.verify is not None:
-            patterns.extend(p for p in spec.task.verify.ignore if p not in patterns)
+        if spec.kind == "verify" and spec.params is not None:
+            patterns.extend(p for p in spec.params.ignore if p not in patterns)
     return patterns
 
 

@@ -48,7 +48,7 @@ class Textfile:
     def __init__(self, path: Path, host: str, warn: Callable[[str], None]) -> None:
         self.path, self.warn = path, warn
         registry = self.registry = CollectorRegistry()
-        labels = {"labelnames": ["host"], "registry": registry}
+        labels: dict[str, Any] = {"labelnames": ["host"], "registry": registry}
         self.up = Gauge("ralph_up", "1 while the loop runs, 0 once it has exited.", **labels)
         self.iterations = Counter("ralph_iterations", "Iterations started.", **labels)
         self.items = Gauge(

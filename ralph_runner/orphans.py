@@ -37,7 +37,7 @@ def clear(path: Path) -> None:
     try:
         entries = json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
+        return
     for entry in entries:
         try:
             alive = psutil.Process(entry["pid"]).create_time() == entry["started"]

@@ -33,6 +33,7 @@ import httpx
 from ralph_runner import jsonl, probes
 from ralph_runner.actions import nvml
 from ralph_runner.connection import Connection
+from ralph_runner.reports import Redactor
 
 DIRECTORY = "recorder"  # under the state directory
 SEGMENTS = 8
@@ -74,8 +75,15 @@ class Settings:
 class Ring:
     """Bounded JSONL segments in one directory; thread-safe appends."""
 
-    def __init__(self, directory: Path, max_bytes: int, segments: int = SEGMENTS) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_bytes: int,
+        segments: int = SEGMENTS,
+        redactor: Redactor | None = None,
+    ) -> None:
         self.directory = directory
+        self.redactor = redactor or Redactor([])  # a server log may quote a prompt, a key
         self.segments = segments
         self.segment_bytes = max_bytes // segments
         self.dropped = 0  # entries lost to a write error (a full disk)
@@ -96,7 +104,7 @@ class Ring:
     def append(self, entries: list[dict[str, Any]]) -> None:
         """Write entries; a write error (a full disk) drops them, counted, and never raises:
         the recorder runs on threads the loop does not watch."""
-        lines = [jsonl.dumps(entry) for entry in entries]
+        lines = [jsonl.dumps(self.redactor.data(entry)) for entry in entries]
         with self._lock:
             try:
                 self._append(lines)
@@ -289,10 +297,14 @@ class Recorder:
     """Samples, follows and writes the ring until `stop()`; `window()` at a death."""
 
     def __init__(
-        self, settings: Settings, directory: Path, emit: Callable[..., None] | None = None
+        self,
+        settings: Settings,
+        directory: Path,
+        emit: Callable[..., None] | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.settings = settings
-        self.ring = Ring(directory, settings.max_bytes)
+        self.ring = Ring(directory, settings.max_bytes, redactor=redactor)
         self.emit = emit or (lambda kind, **fields: None)
         self.missing: set[str] = set()
         self.latest: dict[str, float] = {}

@@ -61,13 +61,18 @@ class Redactor:
     def text(self, s: str) -> str:
         return BEARER.sub(r"\g<1>" + MASK, self._pattern.sub(MASK, s))
 
-    def data(self, obj: Any) -> Any:
+    def data(self, obj: Any, *, keys: bool = False) -> Any:
+        """Every string in nested data masked; `keys` too (the state keeps strikes by item
+        text), else keys are kept as they are (they are field names)."""
         if isinstance(obj, str):
             return self.text(obj)
         if isinstance(obj, dict):
-            return {key: self.data(value) for key, value in obj.items()}
+            return {
+                self.data(key) if keys else key: self.data(value, keys=keys)
+                for key, value in obj.items()
+            }
         if isinstance(obj, list | tuple):
-            return [self.data(value) for value in obj]
+            return [self.data(value, keys=keys) for value in obj]
         return obj
 
 
@@ -173,7 +178,8 @@ def append_durably(path: Path, text: str) -> None:
     """Append with one O_APPEND write and fsync; never rewrites what is there.
 
     If an earlier write was torn (kill -9), the file ends mid-line: start on a fresh line so the
-    new record does not fuse with the torn one.
+    new record does not fuse with the torn one. A write the disk cannot hold (ENOSPC half-way
+    through) is cut off again, so a full disk leaves no torn record; the caller reports it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
@@ -183,9 +189,14 @@ def append_durably(path: Path, text: str) -> None:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
     if created:  # the new file's directory entry too (best effort: some filesystems refuse)

@@ -8,7 +8,7 @@ Action kinds and probe kinds come from their packages, so adding one touches one
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -20,10 +20,12 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     Tag,
+    TypeAdapter,
     ValidationError,
     create_model,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from ralph_runner import actions, probes
 from ralph_runner.errors import FatalError
@@ -34,44 +36,65 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _exactly_one(kinds: dict[str, Any], what: str):
+def _exactly_one(kinds: dict[str, Any], what: str) -> Any:
     """A before-validator: the mapping must hold exactly one key out of `kinds`."""
 
-    def check(cls: type, data: Any) -> Any:
+    def check(cls: type[BaseModel], data: Any) -> Any:
         if isinstance(data, dict):
             found = [key for key in data if key in kinds]
-            if not found and any(key not in cls.model_fields for key in data):
+            keywords = {field.alias or name for name, field in cls.model_fields.items()}
+            if not found and any(key not in keywords for key in data):
                 return data  # an unknown key (a typo of an action?) gets its own did-you-mean
             if len(found) != 1:
                 names = ", ".join(sorted(kinds))
                 got = " and ".join(found) if found else "none"
                 raise ValueError(f"a {what} needs exactly one of: {names} (found {got})")
+            if data[found[0]] is None:  # `shell:` with nothing after it
+                return {**data, found[0]: _empty_value(found[0], kinds[found[0]].Params)}
         return data
 
-    return model_validator(mode="before")(classmethod(check))
+    return model_validator(mode="before")(cast(Any, classmethod(check)))
 
 
-_TASK_KEYWORDS: dict[str, Any] = {
-    "name": (str | None, None),
-    "when": (str | bool | None, None),
-    "register_": (str | None, Field(None, alias="register")),  # `register` is pydantic's
-    "timeout": (PositiveFloat | None, None),
-    "retries": (NonNegativeInt | None, None),
-    "delay": (NonNegativeFloat, 1.0),
-    "until": (str | None, None),
-    "ignore_errors": (bool, False),
-    "env": (dict[str, str | int | float | bool], {}),
-    "vars": (dict[str, Any], {}),
-    "delegate_to": (str | None, None),
-}
+def _empty_value(key: str, params: Any) -> Any:
+    """What a kind's key left empty means: its defaults (a model), or an error naming it."""
+    if isinstance(params, type) and issubclass(params, BaseModel):
+        return {}
+    try:
+        TypeAdapter(params).validate_python(None)
+    except ValidationError:
+        raise ValueError(f"{key!r} needs a value") from None
+    return None
 
-Task = create_model(
-    "Task",
-    __base__=Model,
-    __validators__={"one_action": _exactly_one(actions.KINDS, "task")},
-    **_TASK_KEYWORDS,
-    **{key: (module.Params | None, None) for key, module in actions.KINDS.items()},
-)
+
+class TaskKeywords(Model):
+    """What every task may say besides its action (Ansible's task keywords): the static part
+    of `Task`, which adds one optional field per action kind."""
+
+    name: str | None = None
+    when: str | bool | None = None
+    register_: str | None = Field(None, alias="register")  # `register` is pydantic's
+    timeout: PositiveFloat | None = None
+    retries: NonNegativeInt | None = None
+    delay: NonNegativeFloat = 1.0
+    until: str | None = None
+    ignore_errors: bool = False
+    env: dict[str, str | int | float | bool] = {}
+    vars: dict[str, Any] = {}
+    delegate_to: str | None = None
+
+
+def _with_kinds(name: str, base: type[Model], kinds: dict[str, Any], what: str) -> Any:
+    """`base` plus one optional field per kind (`shell`, `http`, ...), exactly one of them set."""
+    fields: dict[str, Any] = {key: (module.Params | None, None) for key, module in kinds.items()}
+    validators: dict[str, Any] = {"one_kind": _exactly_one(kinds, what)}
+    return create_model(name, __base__=base, __validators__=validators, **fields)
+
+
+if TYPE_CHECKING:  # tools see the static keywords; the kinds' fields are read by getattr
+    Task = TaskKeywords
+else:
+    Task = _with_kinds("Task", TaskKeywords, actions.KINDS, "task")
 
 
 def task_kind(task: BaseModel) -> str:
@@ -106,15 +129,19 @@ TaskEntry = Annotated[
     Discriminator(_entry_tag),
 ]
 
-Probe = create_model(
-    "Probe",
-    __base__=Model,
-    __validators__={"one_kind": _exactly_one(probes.KINDS, "probe")},
-    name=(str | None, None),
-    timeout=(PositiveFloat, 5.0),
-    every=(PositiveInt, 1),
-    **{kind: (module.Params | None, None) for kind, module in probes.KINDS.items()},
-)
+
+class ProbeKeywords(Model):
+    """What every probe may say besides its kind: the static part of `Probe`."""
+
+    name: str | None = None
+    timeout: PositiveFloat = 5.0
+    every: PositiveInt = 1
+
+
+if TYPE_CHECKING:
+    Probe = ProbeKeywords
+else:
+    Probe = _with_kinds("Probe", ProbeKeywords, probes.KINDS, "probe")
 
 
 def probe_kind(probe: BaseModel) -> str:
@@ -127,7 +154,7 @@ class Checklist(Model):
 
 
 class Health(Model):
-    probes: list[Probe] = []  # type: ignore[valid-type]
+    probes: list[Probe] = []
     failures_before_dead: PositiveInt = 2
     interval: NonNegativeFloat = 1.0
     watch: NonNegativeFloat = 0.0
@@ -274,7 +301,7 @@ def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, .
     for i, part in enumerate(loc):
         last = i == len(loc) - 1
         in_dict = isinstance(data, dict) and part in data
-        in_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
         if in_dict or in_list:
             path.append(part)
             data = data[part]
@@ -283,12 +310,14 @@ def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, .
     return tuple(path)
 
 
-def _message(error: dict[str, Any], path: tuple[str | int, ...], known: set[str]) -> str:
+def _message(error: ErrorDetails, path: tuple[str | int, ...], known: set[str]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         key = path[-1]
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
+        if close and close[0] == key:
+            hint = "; it is a key elsewhere, not here"
         return f"unknown key {key!r}{hint}"
     if kind == "missing":
         return "required key is missing"

@@ -12,13 +12,17 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ralph_runner.errors import FatalError, Problem
+
+if TYPE_CHECKING:
+    from ralph_runner.reports import Redactor
 
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
@@ -165,9 +169,22 @@ _VALID = {
 
 
 class Store:
-    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock."""
+    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock.
 
-    def __init__(self, workdir: Path) -> None:
+    redactor: masks secrets in everything written (a death's reason carries the probe URL).
+    warn: told what could not be written where the loop goes on anyway (the lock's pid).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        redactor: Redactor | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.redactor = redactor
+        self.warn = warn or (
+            lambda message: print(f"ralph-run: warning: {message}", file=sys.stderr)
+        )
         self.workdir = Path(workdir)
         self.dir = self.workdir / STATE_DIR
         self.state_path = self.dir / "state.json"
@@ -223,8 +240,11 @@ class Store:
                     ),
                     exit_code=3,
                 ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:  # only for the message of a second run: a full disk must not stop this one
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as e:
+                self.warn(f"{self.lock_path}: pid not written: {e.strerror} (the lock holds)")
             try:
                 yield
             finally:
@@ -251,6 +271,8 @@ class Store:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
+        if self.redactor is not None:
+            data = self.redactor.data(data, keys=True)
         text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
         write_atomic(path, text.encode("utf-8"), durable=durable)
 

@@ -37,9 +37,14 @@ def context(
     """The TaskContext of `spec`: its vars merged, env rendered, connection chosen."""
     task, plan = spec.task, group.plan
     scope = {**variables, **spec.vars}
-    scope.update(plan.templar.render_data(task.vars, scope, where=spec.where))
-    env = {k: plan.templar.render(str(v), scope, where=spec.where) for k, v in task.env.items()}
-    delegate = task.delegate_to and plan.templar.render(task.delegate_to, scope, where=spec.where)
+    scope.update(plan.templar.render_data(task.vars, scope, where=spec.where_of("vars")))
+    env = {
+        k: plan.templar.render(str(v), scope, where=spec.where_of("env"))
+        for k, v in task.env.items()
+    }
+    delegate = task.delegate_to and plan.templar.render(
+        task.delegate_to, scope, where=spec.where_of("delegate_to")
+    )
     if delegate:
         conn = plan.connection_for(delegate)
     else:
@@ -62,7 +67,7 @@ def context(
 def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> str:
     """The task rendered for --check: never runs anything."""
     ctx = context(spec, group, variables)
-    return actions.KINDS[spec.kind].describe(getattr(spec.task, spec.kind), ctx)
+    return actions.KINDS[spec.kind].describe(spec.params, ctx)
 
 
 def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> bool:
@@ -70,7 +75,7 @@ def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> b
     if when is None:
         return True
     scope = {**variables, **spec.vars}
-    return bool(group.plan.templar.evaluate(when, scope, where=spec.where))
+    return bool(group.plan.templar.evaluate(when, scope, where=spec.where_of("when")))
 
 
 def run(
@@ -92,14 +97,14 @@ def run(
     )
     stop = cancel or threading.Event()
     for attempt in range(1, retries + 2):
-        result = module.run(getattr(task, spec.kind), ctx)
+        result = module.run(spec.params, ctx)
         result.data["attempts"] = attempt
         if task.until:
             scope = {
                 **ctx.variables,
                 **({task.register_: result.register()} if task.register_ else {}),
             }
-            done = bool(ctx.templar.evaluate(task.until, scope, where=spec.where))
+            done = bool(ctx.templar.evaluate(task.until, scope, where=spec.where_of("until")))
             result = replace(result, ok=done and not result.cancelled)
         if result.ok or result.cancelled or attempt > retries or stop.wait(task.delay):
             break

@@ -41,12 +41,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from jinja2 import (
     ChainableUndefined,
     StrictUndefined,
+    Template,
     TemplateError,
     TemplateRuntimeError,
     TemplateSyntaxError,
@@ -67,6 +68,9 @@ _LONE_EXPRESSION = re.compile(r"\s*\{\{[-+]?(?P<expression>.*?)-?\}\}\s*", re.DO
 # Filters and tests whose use shows the template expects a name may be missing.
 _GUARDS = {"default", "d", "mandatory", "defined", "undefined"}
 _ERROR_OUTPUT_CHARS = 2000  # of a failed pipe lookup's output, in its error message
+_CACHED_TEMPLATES = 512  # compiled templates kept per Templar (a runbook has tens)
+MAX_RENDERED = 1024 * 1024  # characters of a rendered template: a prompt is under a model context
+_MAX_POWER_BITS = 4096  # `**` beyond this is no port number, only a way to exhaust memory
 
 
 class _RawShell(str):
@@ -229,6 +233,33 @@ _TESTS: dict[str, Callable[..., bool]] = {"match": _match, "search": _search}
 # ---- the templar ---------------------------------------------------------------------------
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, bounded: `'a' * 10**10` or `9 ** 9 ** 9` is an error at its
+    template, not a machine out of memory (Jinja bounds `range` alone)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                sized = isinstance(sequence, str | list | tuple) and isinstance(times, int)
+                if sized and len(sequence) * times > MAX_RENDERED:
+                    raise TemplateRuntimeError(f"'*' would make {_over(len(sequence) * times)}")
+        elif (
+            isinstance(left, int)
+            and isinstance(right, int)
+            and right > 0
+            and abs(left) > 1
+            and right * abs(left).bit_length() > _MAX_POWER_BITS
+        ):
+            raise TemplateRuntimeError(f"'**' would make a number over {_MAX_POWER_BITS:,} bits")
+        return super().call_binop(context, operator, left, right)
+
+
+def _over(size: int) -> str:
+    return f"{size:,} items or characters, over ralph-run's bound of {MAX_RENDERED:,}"
+
+
 class Templar:
     """Renders runbook templates; one per run, shared by every action.
 
@@ -251,6 +282,7 @@ class Templar:
         self.check = check
         self._text = self._environment(finalize=_text)
         self._shell = self._environment(finalize=_shell_word)
+        self._cache: dict[tuple[bool, str], Template] = {}
         self._lookups: dict[str, Callable[..., str]] = {
             "file": self._file,
             "env": _env,
@@ -271,7 +303,10 @@ class Templar:
         """
         environment = self._shell if shell else self._text
         with _reported(where, text):
-            return environment.from_string(text).render(variables)
+            rendered = self._compiled(environment, text).render(variables)
+            if len(rendered) > MAX_RENDERED:  # e.g. vars that double each other, in a chain
+                raise TemplateRuntimeError(f"the template renders to {_over(len(rendered))}")
+            return rendered
 
     def render_data(
         self, data: Any, variables: Mapping[str, Any], *, where: Problem | None = None
@@ -313,6 +348,8 @@ class Templar:
         with _reported(where, source):
             value = self._text.compile_expression(source, undefined_to_none=False)(variables)
             _require_defined(value)
+            if isinstance(value, str | list | tuple | dict) and len(value) > MAX_RENDERED:
+                raise TemplateRuntimeError(f"the expression gives {_over(len(value))}")
             return value
 
     def undefined_names(
@@ -335,8 +372,18 @@ class Templar:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _environment(self, finalize: Callable[[Any], Any]) -> ImmutableSandboxedEnvironment:
-        environment = ImmutableSandboxedEnvironment(
+    def _compiled(self, environment: _Sandbox, text: str) -> Template:
+        """The compiled template: a loop renders the same few templates every iteration."""
+        key = (environment is self._shell, text)
+        template = self._cache.get(key)
+        if template is None:
+            if len(self._cache) >= _CACHED_TEMPLATES:
+                self._cache.clear()
+            template = self._cache[key] = environment.from_string(text)
+        return template
+
+    def _environment(self, finalize: Callable[[Any], Any]) -> _Sandbox:
+        environment = _Sandbox(
             undefined=_Undefined,
             finalize=finalize,
             keep_trailing_newline=True,
@@ -407,8 +454,11 @@ def attributes_of(expression: str, name: str, *, where: Problem | None = None) -
     source = match["expression"] if match else expression
     with _reported(where, source):
         tree = _PARSER.parse(f"{{{{ {source} }}}}")
-    found = []
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+    found: list[str] = []
+    lookups = cast(
+        "Iterator[nodes.Getattr | nodes.Getitem]", tree.find_all((nodes.Getattr, nodes.Getitem))
+    )
+    for node in lookups:
         if not (isinstance(node.node, nodes.Name) and node.node.name == name):
             continue
         if isinstance(node, nodes.Getattr):

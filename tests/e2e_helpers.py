@@ -27,6 +27,15 @@ from standin_helpers import START_SCRIPT, StandIn, python_env, wait_for
 
 AGENT_STEP = "run the agent"
 SERVER_LOG_SECTION = "server log (last 60 lines)"
+ENGINE_PROBE = {  # demo.yaml's
+    "name": "engine progress",
+    "progress": {
+        "metrics": "{{ base_url | regex_replace('/v1/?$', '') }}/metrics",
+        "completion": {"url": "{{ base_url }}", "model": "{{ model }}"},
+        "stall_after": 3,
+    },
+    "timeout": 2,
+}
 ITEM_SECTION = "current item"
 DEATH_LINE = "AssertionError: num_required_blocks"
 GIT_IDENTITY = (("user.name", "ralph e2e"), ("user.email", "ralph-e2e@localhost"))
@@ -61,8 +70,12 @@ def runbook(
     healthy_within: float = 10,
     max_iterations: int = 20,
     variables: dict[str, Any] | None = None,
+    engine_probe: bool = False,
 ) -> dict[str, Any]:
     """runbooks/demo.yaml in seconds: one probe, quick collectors, the stand-in agent.
+
+    `engine_probe` adds demo.yaml's progress probe first: an engine death whose API server
+    still answers for a moment (as vLLM's, --shutdown-delay) is seen by its 1-token canary.
 
     `agent_sleep` is a Jinja expression (it may use `iteration`), the agent's thinking time;
     `after_agent` is shell appended to the agent's command with `&&` (it keeps bash as the
@@ -92,11 +105,12 @@ def runbook(
         "prompt": "Read PLAN.md. Do exactly this item, tick it, commit: {{ item.text }}\n",
         "health": {
             "probes": [
+                *([ENGINE_PROBE] if engine_probe else []),
                 {
                     "name": "models endpoint",
                     "http": {"url": "{{ base_url }}/models", "status": 200},
                     "timeout": probe_timeout,
-                }
+                },
             ],
             "failures_before_dead": failures_before_dead,
             "interval": interval,
@@ -235,7 +249,7 @@ class RalphRun:
 
     # ending
 
-    def wait(self, timeout: float = 40) -> int:
+    def wait(self, timeout: float = 90) -> int:
         """The exit code, once the process and both readers are done."""
         try:
             code = self.process.wait(timeout)

@@ -120,8 +120,8 @@ CASES = {
     ),
     "undefined variable in a step": (
         GOOD.replace("echo {{ item.text }}", "echo {{ modle }}"),
-        11,
-        "loop.steps[1]",
+        12,
+        "loop.steps[1].shell",
         "undefined variable 'modle'",
     ),
     "undefined variable in a var": (
@@ -132,8 +132,8 @@ CASES = {
     ),
     "jinja syntax error": (
         GOOD.replace("echo {{ item.text }}", "echo {{ item.text }"),
-        11,
-        "loop.steps[1]",
+        12,
+        "loop.steps[1].shell",
         "",
     ),
     "bad hosts pattern": (GOOD + "hosts: gpu_hostz\n", 14, "hosts", "gpu_hostz"),
@@ -151,8 +151,8 @@ CASES = {
     ),
     "templated port that renders to a word": (
         GOOD.replace('http: { url: "{{ base_url }}/models" }', 'tcp: { port: "{{ base_url }}" }'),
-        6,
-        "health.probes[0]",
+        7,
+        "health.probes[0].tcp",
         "once rendered: port",
     ),
     "secret that names no variable": (
@@ -160,6 +160,18 @@ CASES = {
         14,
         "secrets[1]",
         "api_kee",
+    ),
+    "undefined variable in a recovery step, at its shell line": (
+        GOOD + "recovery:\n  steps:\n    - name: restart\n      shell: docker rm {{ contaner }}\n",
+        17,
+        "recovery.steps[0].shell",
+        "undefined variable 'contaner'",
+    ),
+    "undefined variable in a task's vars, at its line": (
+        GOOD.replace("      shell: echo", "      vars: { x: '{{ ready }}' }\n      shell: echo"),
+        12,
+        "loop.steps[1].vars.x",
+        "undefined variable 'ready'",
     ),
     "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
 }
@@ -242,5 +254,77 @@ def test_verify_committed_outside_a_git_repository_is_refused_before_the_loop(tm
         cli.main([str(runbook)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert f"{runbook}:5:7: loop.steps[1]: verify needs a commit" in err
+    assert f"{runbook}:5:7: loop.steps[1].verify: verify needs a commit" in err
     assert not (tmp_path / "RAN").exists()
+
+
+@pytest.mark.parametrize("section", ["recovery:\n  steps", "diagnostics:\n  collect"])
+@pytest.mark.parametrize("action", ["verify: {}", "ensure_alive: { phase: x }"])
+def test_a_loop_step_outside_the_loop_is_refused_at_its_line(tmp_path, capsys, section, action):
+    """`verify` and `ensure_alive` need the loop: in a recovery or a capture they once passed
+    --check and crashed at the first death."""
+    code, runbook = run_cli(tmp_path, f"{GOOD}{section}:\n    - name: x\n      {action}\n")
+    err = capsys.readouterr().err
+    where = section.replace(":\n  ", ".")
+    kind = action.split(":")[0]
+    assert code == 2, err
+    assert f"{runbook}:17:7: {where}[0].{kind}: '{kind}' is a loop step" in err, err
+
+
+def test_a_loop_step_in_an_included_recovery_file_is_refused_at_its_line(tmp_path, capsys):
+    code, _ = run_cli(
+        tmp_path,
+        GOOD + "recovery:\n  steps:\n    - include: restart.yaml\n",
+        files={"restart.yaml": "- shell: docker restart vllm\n- verify: {}\n"},
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{tmp_path / 'restart.yaml'}:2:3: tasks[1].verify: 'verify' is a loop step" in err
+    assert "not in recovery.steps" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "path", "names"),
+    [
+        (
+            ("    - verify: {}", "    - verify: {}\n      when: item.attemps > 1"),
+            14,
+            "when",
+            "'item'",
+        ),
+        (("    - verify: {}", "    - verify: {}\n      when: '{{ redy }}'"), 14, "when", "'redy'"),
+        (
+            ("    - verify: {}", "    - verify: {}\n      until: reslt.rc == 0"),
+            14,
+            "until",
+            "'reslt'",
+        ),
+    ],
+)
+def test_check_finds_undefined_names_in_when_and_until(tmp_path, capsys, change, line, path, names):
+    """--check renders no `when:` (it may test a result registered by an earlier step), but
+    names nothing defines are found at their line."""
+    code, runbook = run_cli(tmp_path, GOOD.replace(*change))
+    err = capsys.readouterr().err
+    if names == "'item'":  # `item` exists: only its missing field would fail, at run time
+        assert code == 0, err
+        return
+    assert code == 2, err
+    assert f"{runbook}:{line}:7: loop.steps[2].{path}: undefined variable {names}" in err, err
+
+
+def test_check_accepts_registered_results_and_guarded_names(tmp_path, capsys):
+    text = GOOD.replace(
+        "    - verify: {}",
+        "    - shell: make test\n      register: tests\n      ignore_errors: true\n"
+        "    - verify: {}\n      when: tests.rc == 0 and (gpu is defined or extra | default(1))",
+    )
+    code, _ = run_cli(tmp_path, text)
+    assert code == 0, capsys.readouterr().err
+
+
+def test_check_finds_an_undefined_name_in_the_prompt(tmp_path, capsys):
+    code, runbook = run_cli(tmp_path, GOOD + "prompt: 'Do {{ item.text }} with {{ modle }}'\n")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{runbook}:14:1: prompt: undefined variable 'modle'" in err, err

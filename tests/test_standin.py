@@ -40,9 +40,7 @@ from ralph_runner.standin.engine import Piece
 from ralph_runner.standin.scripted import ToolCall
 from ralph_runner.standin.wire import Chat, Responses
 
-ACCESS_LINE = re.compile(
-    r'^\(APIServer pid=\d+\) INFO:     127\.0\.0\.1:\d+ - "GET /v1/models HTTP/1\.1" 200 OK$', re.M
-)
+ACCESS_LINE = re.compile(r'^INFO:     127\.0\.0\.1:\d+ - "GET /v1/models HTTP/1\.1" 200 OK$', re.M)
 DEATH_LINES = [
     "AssertionError: num_required_blocks",
     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
@@ -166,13 +164,13 @@ def test_dead_engine_answers_503_while_the_process_lives(server: StandIn) -> Non
 
 
 def test_slow_once_delays_one_request_only(server: StandIn) -> None:
-    server.admin("slow_once", 0.6)
+    server.admin("slow_once", 1.2)
     started = time.monotonic()
     assert server.get("/v1/models").status_code == 200
-    assert time.monotonic() - started >= 0.6
+    assert time.monotonic() - started >= 1.2
     started = time.monotonic()
     assert server.get("/v1/models").status_code == 200
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.9  # not delayed (a margin for a loaded machine)
 
 
 def test_sigterm_shuts_down_cleanly(standin: StandIn) -> None:
@@ -217,7 +215,9 @@ def test_metrics_parse_as_prometheus_text_with_vllms_names(target: Target) -> No
     check_metrics_exposition(target)
     text = target.get("/metrics").text
     assert "# TYPE vllm:generation_tokens_total counter" in text
-    assert '{model_name="stand-in",engine="0"}' in text
+    assert "# TYPE vllm:generation_tokens_created gauge" in text  # prometheus_client's
+    assert 'vllm:num_requests_running{engine="0",model_name="stand-in"} 0.0' in text
+    assert '{engine="0",finished_reason="stop",model_name="stand-in"}' in text
 
 
 def test_tokens_are_counted_as_they_are_generated(target: Target) -> None:
@@ -323,7 +323,7 @@ def test_engine_death_cuts_a_responses_stream(target: Target) -> None:
 
 
 def test_worker_timeout_is_a_hang_then_a_death(standin: StandIn) -> None:
-    child = standin.spawn(*ENGINE_ARGS, "--execute-model-timeout", "1.5")
+    child = standin.spawn(*ENGINE_ARGS, "--execute-model-timeout", "3")
     target = standin.target(child)
     stream = Stream(f"{target.url}/chat/completions", long_request(target))
     wait_streaming(stream)

@@ -7,6 +7,8 @@ A module in this package is an action kind when it defines:
     def run(params, ctx: TaskContext) -> TaskResult
     def describe(params, ctx: TaskContext) -> str   # rendered, for --check; never runs anything
 
+    LOOP_ONLY: bool = False        # optional: True if it needs the loop (refused elsewhere)
+
 Adding an action kind is adding one module here: the schema and the executor find it by KEY.
 """
 
@@ -80,7 +82,7 @@ class TaskContext:
     variables: Mapping[str, Any]
     templar: Templar
     connection: Connection
-    cwd: Path
+    cwd: Path | None  # None on a remote host: its login directory
     env: dict[str, str]
     timeout: float | None
     max_output: int
@@ -116,4 +118,6 @@ def validate_rendered(params_type: Any, data: Any, where: Problem) -> Any:
         raise FatalError(replace(where, message=f"once rendered: {errors}")) from None
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KEY")
+KINDS: dict[str, ModuleType] = plugins.discover(
+    __name__, Path(__file__).parent, "KEY", required=("Params", "run", "describe")
+)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from ralph_runner.actions import TaskContext, TaskResult
 
 KEY = "ensure_alive"
+LOOP_ONLY = True  # it recovers through the loop, which a recovery or a capture is already part of
 
 
 class Params(BaseModel):

@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ralph_runner.actions import TaskContext, TaskResult
-from ralph_runner.fields import Regex, templated
+from ralph_runner.fields import Regex, Templated
 from ralph_runner.probes import classify
 
 KEY = "http"
@@ -29,7 +29,7 @@ class Params(BaseModel):
 
     url: str
     method: str = "GET"
-    status: templated(int) | list[int] = 200
+    status: Templated[int] | list[int] = 200
     body: str | dict[str, Any] | list[Any] | None = None  # a dict or list is sent as JSON
     headers: dict[str, str] = {}
     lines: Regex | None = None  # keep only the lines of the body that match

@@ -11,6 +11,7 @@ from ralph_runner.actions import TaskContext, TaskResult
 from ralph_runner.git import Snapshot
 
 KEY = "verify"
+LOOP_ONLY = True  # it checks the item the loop is working on
 
 
 class Params(BaseModel):

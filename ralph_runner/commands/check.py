@@ -9,26 +9,39 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from ralph_runner import checklist, deathdata, fleet, plan, recovery, tasks
-from ralph_runner.errors import FatalError
+from ralph_runner import (
+    checklist,
+    crash,
+    deathdata,
+    fleet,
+    loader,
+    plan,
+    recovery,
+    tasks,
+    templating,
+)
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.reports import Redactor
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if installed: 10x faster
 
 
 def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
+    crash.register(redactor=Redactor([s for p in plans for s in p.secret_values()]))
     fleet.check_distinct(plans)
     rendered = [_render(p) for p in plans]
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
     else:
         for one in rendered:
-            print(yaml.safe_dump(one, sort_keys=False, allow_unicode=True, width=100))
+            print(yaml.dump(one, Dumper=_DUMPER, sort_keys=False, allow_unicode=True, width=100))
     return 0
 
 
@@ -38,10 +51,13 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     variables = _iteration_vars(p)
     problems: list[FatalError] = []
 
+    registered = dict.fromkeys(_registered(p))
+
     def each(specs, group: tasks.TaskGroup, scope: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             try:
+                _check_names(p, spec, {**scope, **registered})
                 out.append(
                     {
                         "name": spec.name,
@@ -95,9 +111,13 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         result.update(_followers(p))
     except FatalError as exc:
         problems.append(exc)
+    try:
+        _require_known(p, p.model.prompt, variables, p.runbook.where(("prompt",)))
+    except FatalError as exc:
+        problems.append(exc)
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
-    return redactor.data(result)
+    return redactor.data(_plain(result))
 
 
 def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
@@ -134,6 +154,31 @@ def _followers(p: plan.Plan) -> dict[str, Any]:
     return shown
 
 
+def _registered(p: plan.Plan) -> set[str]:
+    """Every `register:` name of the runbook: a `when:` may test a result registered before."""
+    specs = [*p.runbook.loop_steps, *p.runbook.collectors, *p.runbook.recovery_steps]
+    return {spec.task.register_ for spec in specs if spec.task.register_}
+
+
+def _check_names(p: plan.Plan, spec: loader.TaskSpec, scope: dict[str, Any]) -> None:
+    """A `when:` or `until:` naming what no variable, no iteration fact and no `register:`
+    defines would fail at the iteration that first evaluates it: fail now, at its line."""
+    scope = {**scope, **spec.vars, **spec.task.vars}
+    for keyword in ("when", "until"):
+        expression = getattr(spec.task, keyword)
+        if isinstance(expression, str):
+            text = expression if templating.has_template(expression) else f"{{{{ {expression} }}}}"
+            _require_known(p, text, scope, spec.where_of(keyword))
+
+
+def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Problem) -> None:
+    missing = sorted(p.templar.undefined_names(text, scope, where=where))
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        message = f"undefined variable {names}: no var, iteration fact or register defines it"
+        raise FatalError(replace(where, message=message))
+
+
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
     """Per-iteration variables as the first iteration would see them (read-only)."""
     path = p.path(("checklist", "path"), p.model.checklist.path)
@@ -155,6 +200,22 @@ def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
         "prompt_size": 0,
         "prompt_bytes": 0,
     }
+
+
+def _plain(value: Any) -> Any:
+    """Data YAML and JSON can print: a variable may render to anything (`{{ range }}` is a
+    function), which the plan shows as text rather than failing to print."""
+    if isinstance(value, dict):
+        return {_plain_key(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _plain_key(key: Any) -> Any:
+    return key if isinstance(key, str | int | float | bool) else str(key)
 
 
 def _dump(params: Any) -> Any:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from ralph_runner import plan
 from ralph_runner.errors import FatalError
+from ralph_runner.reports import Redactor
 
 
 def main(args: argparse.Namespace) -> int:
@@ -23,13 +24,12 @@ def main(args: argparse.Namespace) -> int:
         finally:
             health.close()
         healthy = healthy and all(r.ok for r in results)
+        redactor = Redactor(p.secret_values())  # a refused probe's detail names its URL
         for r in results:
             if args.json:
-                print(json.dumps({"host": p.host, **r.as_dict()}))
+                print(json.dumps(redactor.data({"host": p.host, **r.as_dict()})))
             else:
                 mark = "ok  " if r.ok else f"FAIL {r.reason}"
-                print(
-                    f"{p.host}: {mark:<12} {r.name} ({r.kind}, {r.seconds * 1000:.1f} ms)"
-                    + ("" if r.ok else f": {r.detail}")
-                )
+                line = f"{p.host}: {mark:<12} {r.name} ({r.kind}, {r.seconds * 1000:.1f} ms)"
+                print(redactor.text(line + ("" if r.ok else f": {r.detail}")))
     return 0 if healthy else 1

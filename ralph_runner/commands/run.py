@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-from ralph_runner import fleet, plan
+from ralph_runner import crash, fleet, plan
 from ralph_runner.errors import FatalError, Interrupted
 from ralph_runner.loop import Runner
 from ralph_runner.output import Output
 from ralph_runner.reports import Redactor
-
-INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
 class Follower(Protocol):
@@ -26,6 +24,7 @@ def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)
     if len(plans) > 1:
         secrets = [value for p in plans for value in p.secret_values()]
+        crash.register(redactor=Redactor(secrets))
         output = Output(json_lines=args.json, verbose=args.verbose, redactor=Redactor(secrets))
         return fleet.run(plans, args, output)
     (selected,) = plans
@@ -33,9 +32,11 @@ def main(args: argparse.Namespace) -> int:
         json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
     )
     followers = _followers(selected, output)
-    code = INTERNAL_ERROR  # what an unexpected exception will exit with
+    code = crash.EXIT_INTERNAL  # what an unexpected exception will exit with
     try:
-        code = Runner(selected, output).run()
+        runner = Runner(selected, output)
+        crash.register(runner.store, output.redactor)  # a crash marks this run, masks its secrets
+        code = runner.run()
         return code
     except (FatalError, Interrupted) as exc:  # the followers' last word has the exit code
         code = exc.exit_code
@@ -56,7 +57,9 @@ def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
     if selected.model.metrics is not None:
         from ralph_runner import metrics
 
-        found.append(metrics.Textfile(metrics.textfile_path(selected), selected.host, warn))
+        textfile = metrics.textfile_path(selected)
+        if textfile is not None:
+            found.append(metrics.Textfile(textfile, selected.host, warn))
     config = selected.model.notify
     if config.to or config.deadman:
         from ralph_runner import notify

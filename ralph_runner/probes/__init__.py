@@ -133,4 +133,6 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
     )
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(__name__, Path(__file__).parent, "KIND")
+KINDS: dict[str, ModuleType] = plugins.discover(
+    __name__, Path(__file__).parent, "KIND", required=("Params", "check")
+)

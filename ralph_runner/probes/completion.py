@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
 
 KIND = "completion"
@@ -17,7 +17,7 @@ class Params(BaseModel):
 
     url: str  # the OpenAI base URL, e.g. http://127.0.0.1:8000/v1
     model: str
-    max_tokens: templated(PositiveInt) = 1
+    max_tokens: Templated[PositiveInt] = 1
     prompt: str = "ping"
     headers: dict[str, str] = {}  # e.g. Authorization for a server started with --api-key
 

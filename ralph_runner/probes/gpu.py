@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext
 
 KIND = "gpu"
@@ -20,9 +20,9 @@ MIB = 1024 * 1024
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    index: templated(NonNegativeInt) = 0
-    min_free_mib: templated(NonNegativeInt) | None = None
-    max_used_percent: templated(Annotated[float, Field(ge=0, le=100)]) | None = None  # of memory
+    index: Templated[NonNegativeInt] = 0
+    min_free_mib: Templated[NonNegativeInt] | None = None
+    max_used_percent: Templated[Annotated[float, Field(ge=0, le=100)]] | None = None  # of memory
 
 
 def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, str]:

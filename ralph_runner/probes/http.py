@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
 
 KIND = "http"
@@ -21,7 +21,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     url: str
-    status: templated(int) | list[int] = 200
+    status: Templated[int] | list[int] = 200
     method: str = "GET"
     body_contains: str | None = None
     json_values: dict[str, Any] | None = Field(None, alias="json")

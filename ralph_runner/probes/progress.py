@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
 from ralph_runner.probes import completion as completion_probe
 
@@ -43,7 +43,7 @@ class Params(BaseModel):
     completion: completion_probe.Params | None = None  # the idle canary; None: idle is not checked
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
-    stall_after: templated(PositiveFloat) = 15.0
+    stall_after: Templated[PositiveFloat] = 15.0
 
 
 @dataclass

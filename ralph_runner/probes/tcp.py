@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ralph_runner.fields import templated
+from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, classify
 
 KIND = "tcp"
@@ -17,7 +17,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
-    port: templated(Annotated[int, Field(ge=1, le=65535)])
+    port: Templated[Annotated[int, Field(ge=1, le=65535)]]
 
 
 def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:

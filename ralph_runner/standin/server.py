@@ -184,49 +184,49 @@ def min_tokens_of(request: dict[str, Any], max_tokens: int) -> int:
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
-METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[str, float]]]]] = [
-    # name (a counter's exposed name gets _total), type, vLLM's help text, its samples
+METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[dict[str, str], float]]]]] = [
+    # name (a counter's exposed name gets _total), type, vLLM's help text, its samples' labels
     (
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
-        lambda s: [("", s.running)],
+        lambda s: [({}, s.running)],
     ),
     (
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
-        lambda s: [("", s.waiting)],
+        lambda s: [({}, s.waiting)],
     ),
     (
         "vllm:kv_cache_usage_perc",
         "gauge",
         "KV-cache usage. 1 means 100 percent usage.",
-        lambda s: [("", s.kv_cache_usage)],
+        lambda s: [({}, s.kv_cache_usage)],
     ),
     (
         "vllm:num_preemptions",
         "counter",
         "Cumulative number of preemption from the engine.",
-        lambda s: [("", s.preemptions)],
+        lambda s: [({}, s.preemptions)],
     ),
     (
         "vllm:prompt_tokens",
         "counter",
         "Number of prefill tokens processed.",
-        lambda s: [("", s.prompt_tokens)],
+        lambda s: [({}, s.prompt_tokens)],
     ),
     (
         "vllm:generation_tokens",
         "counter",
         "Number of generation tokens processed.",
-        lambda s: [("", s.generation_tokens)],
+        lambda s: [({}, s.generation_tokens)],
     ),
     (
         "vllm:request_success",
         "counter",
         "Count of successfully processed requests.",
-        lambda s: [(f',finished_reason="{r}"', s.finished[r]) for r in FINISH_REASONS],
+        lambda s: [({"finished_reason": r}, s.finished[r]) for r in FINISH_REASONS],
     ),
 ]
 
@@ -287,6 +287,7 @@ class StandInServer(ThreadingHTTPServer):
         self.closing = False
         self.engine_dead = False
         self._logged_stats = Stats()
+        self._last_throughputs = (0.0, 0.0)
         self.started = time.time()
         self._worker_timer: threading.Timer | None = None
         self._dying = threading.Lock()
@@ -319,7 +320,8 @@ class StandInServer(ThreadingHTTPServer):
             self.engine.set_rate(faults["tokens_per_second"])
         if faults.get("engine_hang") or faults.get("worker_timeout") is not None:
             self.hang_engine(faults.get("worker_timeout"))
-        if faults.get("resume") or faults.get("engine_hang") is False:
+        ended = faults.get("engine_hang") is False or faults.get("worker_timeout") is False
+        if faults.get("resume") or ended:
             self.resume()
         if faults.get("engine_death"):
             self.kill_engine("engine_death", self.log.engine_core_exited)
@@ -451,35 +453,49 @@ class StandInServer(ThreadingHTTPServer):
     # statistics
 
     def metrics(self) -> str:
-        """Prometheus text as vLLM's /metrics (prometheus_client's exposition) of the engine's
-        last published statistics: a hung engine shows its last gauges and frozen counters."""
+        """Prometheus text as vLLM 0.32's /metrics (prometheus_client's exposition) of the
+        engine's last published statistics: a hung engine shows its last gauges and frozen
+        counters. A counter's creation times follow it as a gauge family of their own."""
         stats = self.engine.stats
-        labels = f'model_name="{self.model}",engine="0"'
         lines: list[str] = []
         for name, kind, help_text, value_of in METRICS:
+            samples = [(self.labels(extra), value) for extra, value in value_of(stats)]
             exposed = f"{name}_total" if kind == "counter" else name
             lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}"]
-            for extra, value in value_of(stats):
-                lines.append(f"{exposed}{{{labels}{extra}}} {float(value)}")
-                if kind == "counter":  # prometheus_client's creation time of each series
-                    lines.append(f"{name}_created{{{labels}{extra}}} {go_float(self.started)}")
+            lines += [f"{exposed}{{{labels}}} {float(value)}" for labels, value in samples]
+            if kind == "counter":
+                created = f"{name}_created"
+                lines += [f"# HELP {created} {help_text}", f"# TYPE {created} gauge"]
+                started = go_float(self.started)
+                lines += [f"{created}{{{labels}}} {started}" for labels, _ in samples]
         return "\n".join(lines) + "\n"
 
+    def labels(self, extra: dict[str, str]) -> str:
+        """A sample's labels, sorted by name as vLLM's multiprocess exposition writes them."""
+        labels = {"engine": "0", "model_name": self.model, **extra}
+        return ",".join(f'{key}="{labels[key]}"' for key in sorted(labels))
+
     def tick(self, seconds: float) -> None:
-        """One periodic stats line, like vLLM's `loggers.py`, and a look at the control file."""
+        """A look at the control file and, like vLLM's `loggers.py`, a stats line unless the
+        engine was idle for two ticks (vLLM logs those at debug level: a hung engine goes
+        quiet)."""
         self.poll_control_file()
         stats, last = self.engine.stats, self._logged_stats
         self._logged_stats = stats
         prompt = (stats.prompt_tokens - last.prompt_tokens) / seconds
         generation = (stats.generation_tokens - last.generation_tokens) / seconds
-        self.log.record(
-            "INFO",
-            "loggers.py:326",
-            f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
-            f"Avg generation throughput: {generation:.1f} tokens/s, "
-            f"Running: {stats.running} reqs, Waiting: {stats.waiting} reqs, "
-            f"GPU KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: 0.0%",
-        )
+        throughputs = (prompt, generation, *self._last_throughputs)
+        self._last_throughputs = (prompt, generation)
+        if any(throughputs):
+            self.log.record(
+                "INFO",
+                "loggers.py:326",
+                f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
+                f"Avg generation throughput: {generation:.1f} tokens/s, "
+                f"Running: {stats.running} reqs, Waiting: {stats.waiting} reqs, "
+                f"GPU KV cache usage: {stats.kv_cache_usage * 100:.1f}%, "
+                "Prefix cache hit rate: 0.0%",
+            )
         if self.faults.die_now:
             self.die("die")
 
@@ -642,6 +658,7 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(answer, Responses):  # vLLM: the exception escapes the stream
                 self.drop_connection()
                 return
+            self.server.log.stream_failed(answer.api)
             self.send_frames(answer.stream_error(ENGINE_DEAD))
             self.end_chunks()
         except OSError:  # the client went away: vLLM aborts the request

@@ -13,6 +13,11 @@ from pathlib import Path
 VERSION = "0.32.0"
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
+DEAD_ERROR = "vllm.v1.engine.exceptions.EngineDeadError"
+STREAM_GENERATORS = {
+    "chat": ("serving.py:929", "chat completion"),
+    "completions": ("serving.py:500", "completion"),
+}
 
 
 class VllmLog:
@@ -29,8 +34,8 @@ class VllmLog:
         self._write(f"({process} pid={self.pid}) {level} {stamp} [{where}] {message}")
 
     def uvicorn(self, message: str) -> None:
-        """A uvicorn line, as vLLM's API server prints them: `(APIServer pid=N) INFO:     msg`."""
-        self._write(f"(APIServer pid={self.pid}) INFO:     {message}")
+        """A uvicorn line, as vLLM's API server prints them, with no prefix: `INFO:     msg`."""
+        self._write(f"INFO:     {message}")
 
     def _write(self, line: str) -> None:
         with self._lock:
@@ -38,30 +43,27 @@ class VllmLog:
             self._file.flush()
 
     def startup(self, model: str, port: int, kv_cache_tokens: int, max_num_seqs: int) -> None:
-        self.record("INFO", "api_server.py:1805", f"vLLM API server version {VERSION} (stand-in)")
+        self.record("INFO", "api_utils.py:347", f"vLLM stand-in, version {VERSION}")
         self.record(
             "INFO",
-            "utils.py:326",
+            "api_utils.py:286",
             f"non-default args: {{'model': '{model}', 'port': {port}, "
             f"'max_num_seqs': {max_num_seqs}}}",
         )
         self.record(
             "INFO",
-            "core.py:74",
+            "core.py:133",
             f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{model}'",
             process="EngineCore",
         )
         self.record(
             "INFO",
-            "kv_cache_utils.py:849",
+            "kv_cache_utils.py:2327",
             f"GPU KV cache size: {kv_cache_tokens:,} tokens",
             "EngineCore",
         )
-        self.record(
-            "INFO", "api_server.py:1847", f"Starting vLLM API server 0 on http://127.0.0.1:{port}"
-        )
+        self.record("INFO", "entry.py:140", f"Starting vLLM server on http://127.0.0.1:{port}")
         self.uvicorn(f"Started server process [{self.pid}]")
-        self.uvicorn("Waiting for application startup.")
         self.uvicorn("Application startup complete.")
 
     def kv_cache_assertion(self, blocks: int) -> None:
@@ -95,18 +97,28 @@ class VllmLog:
             "core_client.py:817",
             "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
         )
+        for line, step in (
+            (770, "start timeout=default"),
+            (772, "stopping engine manager"),
+            (774, "engine manager stopped"),
+            (775, "cleaning up background resources"),
+            (777, "complete"),
+        ):
+            self.record("INFO", f"core_client.py:{line}", f"[shutdown] MPClient: {step}")
         self.record("ERROR", "async_llm.py:906", "AsyncLLM output_handler failed.")
-        self.record(
-            "ERROR", "async_llm.py:906", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"
-        )
+        self.record("ERROR", "async_llm.py:906", f"{DEAD_ERROR}: {ENGINE_DEAD}")
+
+    def stream_failed(self, api: str) -> None:
+        """A stream generator that met the dead engine (chat and completions catch it)."""
+        where, what = STREAM_GENERATORS[api]
+        self.record("ERROR", where, f"Error in {what} stream generator.")
+        self.record("ERROR", where, f"{DEAD_ERROR}: {ENGINE_DEAD}")
 
     def legacy_death(self, blocks: int) -> None:
         """The stand-in's first death shape (`die`): the assertion, then EngineDeadError."""
         self.kv_cache_assertion(blocks)
         self.record("ERROR", "async_llm.py:906", "AsyncLLM output_handler failed.")
-        self.record(
-            "ERROR", "async_llm.py:906", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"
-        )
+        self.record("ERROR", "async_llm.py:906", f"{DEAD_ERROR}: {ENGINE_DEAD}")
 
     def shutdown(self) -> None:
         self.uvicorn("Shutting down")

@@ -17,8 +17,10 @@ from typing import Any
 
 from ralph_runner.standin.engine import Piece
 from ralph_runner.standin.scripted import ToolCall
+from ralph_runner.standin.vllm_log import VERSION
 
 DONE = b"data: [DONE]\n\n"
+FINGERPRINT = f"vllm-{VERSION}-standin"
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -51,12 +53,16 @@ def calls_of(pieces: list[Piece]) -> list[tuple[ToolCall, str]]:
     return [(call, "".join(parts)) for call, parts in calls.values()]
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage_of(prompt_tokens: int, completion_tokens: int, details: bool = False) -> dict[str, Any]:
+    """vLLM's UsageInfo; a whole body also carries its (empty) details."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if details:
+        usage |= {"prompt_tokens_details": None, "completion_tokens_details": None}
+    return usage
 
 
 class Format:
@@ -102,7 +108,10 @@ class Chat(Format):
     api = "chat"
     prefix = "chatcmpl"
 
-    def chunk(self, choice: dict[str, Any] | None) -> bytes:
+    def chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        """One chunk; vLLM adds `token_ids` to every choice after the first chunk's."""
+        if choice is not None and "role" not in choice["delta"]:
+            choice = {**choice, "token_ids": None}
         return sse(
             {
                 "id": self.id,
@@ -110,30 +119,34 @@ class Chat(Format):
                 "created": self.created,
                 "model": self.model,
                 "choices": [choice] if choice else [],
+                **extra,
             }
         )
 
     def body(self, pieces: list[Piece], finish_reason: str) -> dict[str, Any]:
         text, calls = text_of(pieces), calls_of(pieces)
-        message = {
+        message: dict[str, Any] = {
             "role": "assistant",
             "content": text if text or not calls else None,
             "refusal": None,
             "annotations": None,
             "audio": None,
             "function_call": None,
-            "tool_calls": [
+        }
+        if calls:  # vLLM leaves an empty list out
+            message["tool_calls"] = [
                 {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": a}}
                 for call, a in calls
-            ],
-            "reasoning_content": None,
-        }
+            ]
+        message["reasoning"] = None
         choice = {
             "index": 0,
             "message": message,
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
         }
         return {
             "id": self.id,
@@ -142,15 +155,20 @@ class Chat(Format):
             "model": self.model,
             "choices": [choice],
             "service_tier": None,
-            "system_fingerprint": None,
-            "usage": usage_of(self.prompt_tokens, len(pieces)),
+            "system_fingerprint": FINGERPRINT,
+            "usage": usage_of(self.prompt_tokens, len(pieces), details=True),
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def stream_open(self) -> list[bytes]:
         delta = {"role": "assistant", "content": ""}
-        return [self.chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})]
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return [self.chunk(choice, prompt_token_ids=None, prompt_text=None)]
 
     def stream_pieces(self, pieces: list[Piece]) -> list[bytes]:
         """Consecutive text pieces make one content delta; a tool call's first delta carries
@@ -172,15 +190,14 @@ class Chat(Format):
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
-        frames = [self.chunk(choice)]
-        if self.include_usage:
-            frames.append(self.usage_chunk())
-        return [*frames, DONE]
-
-    def usage_chunk(self) -> bytes:
-        frame = json.loads(self.chunk(None)[len(b"data: ") :])
-        frame["usage"] = usage_of(self.prompt_tokens, len(self.generated))
-        return sse(frame)
+        if not self.include_usage:  # the fingerprint rides on the last chunk
+            return [self.chunk(choice, system_fingerprint=FINGERPRINT), DONE]
+        usage = usage_of(self.prompt_tokens, len(self.generated))
+        return [
+            self.chunk(choice),
+            self.chunk(None, usage=usage, system_fingerprint=FINGERPRINT),
+            DONE,
+        ]
 
 
 def deltas_of(pieces: list[Piece]) -> list[dict[str, Any]]:
@@ -279,39 +296,63 @@ class Responses(Format):
         self.open_text = ""  # the text of the open message item so far
 
     def response(self, status: str, output: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+        """vLLM 0.32's ResponsesResponse, field for field."""
         request = self.request
+        tools = request.get("tools") or []
         usage = None
         if status != "in_progress":
             usage = {
                 "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {
+                    "cached_tokens": 0,
+                    "cache_write_tokens": 0,
+                    "input_tokens_per_turn": [],
+                    "cached_tokens_per_turn": [],
+                },
                 "output_tokens": tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {
+                    "reasoning_tokens": 0,
+                    "tool_output_tokens": 0,
+                    "output_tokens_per_turn": [],
+                    "tool_output_tokens_per_turn": [],
+                },
                 "total_tokens": self.prompt_tokens + tokens,
             }
         return {
             "id": self.id,
-            "object": "response",
             "created_at": self.created,
-            "status": status,
-            "model": self.model,
-            "output": output,
-            "error": None,
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if status == "incomplete" else None
             ),
             "instructions": request.get("instructions"),
-            "max_output_tokens": request.get("max_output_tokens"),
             "metadata": request.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": output,
             "parallel_tool_calls": request.get("parallel_tool_calls", True),
-            "previous_response_id": request.get("previous_response_id"),
             "temperature": request.get("temperature", 1.0),
-            "tool_choice": request.get("tool_choice", "auto"),
-            "tools": request.get("tools", []),
+            "tool_choice": request.get("tool_choice", "auto" if tools else "none"),
+            "tools": tools,
             "top_p": request.get("top_p", 1.0),
+            "background": False,
+            "max_output_tokens": request.get("max_output_tokens"),
+            "max_tool_calls": None,
+            "previous_response_id": request.get("previous_response_id"),
+            "prompt": None,
+            "reasoning": None,
+            "service_tier": "auto",
+            "status": status,
+            "text": None,
+            "top_logprobs": None,
             "truncation": "disabled",
             "usage": usage,
             "user": None,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
         }
 
     @staticmethod
@@ -410,7 +451,7 @@ class Responses(Format):
             return []
         self.open_item = None
         if item["type"] == "function_call":
-            done = function_call_item_of(item, "completed")
+            done = {**item, "status": "completed"}
             frames = [
                 self.event(
                     "response.function_call_arguments.done",
@@ -460,12 +501,14 @@ class Responses(Format):
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A message output item; a finished one's text part has `logprobs: null`, as vLLM's."""
     return {
         "id": item_id,
         "type": "message",
         "role": "assistant",
         "status": status,
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}],
+        "phase": None,
     }
 
 
@@ -478,10 +521,6 @@ def function_call_item(call: ToolCall, arguments: str, status: str) -> dict[str,
         "arguments": arguments,
         "status": status,
     }
-
-
-def function_call_item_of(item: dict[str, Any], status: str) -> dict[str, Any]:
-    return {**item, "status": status}
 
 
 FORMATS: dict[str, type[Format]] = {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Install the real coding agents the agent tests drive, pinned, under .cache/ (gitignored):
+#   .cache/agents/node_modules/.bin/{opencode,codex}   (npm: opencode-ai, @openai/codex)
+#   .cache/aider-venv/bin/aider                        (pip: aider-chat, in its own venv)
+# Idempotent: a second run finds the pinned versions in place and takes seconds.
+# Prints one line: what it installed, or why it could not (the agent tests then skip).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OPENCODE=opencode-ai@1.18.33
+CODEX=@openai/codex@0.171.0
+AIDER=aider-chat==0.86.2
+NODE_DIR=.cache/agents
+AIDER_VENV=.cache/aider-venv
+LOG=.cache/install-agents.log
+
+mkdir -p "$NODE_DIR"
+: >"$LOG"
+done_parts=()
+failed_parts=()
+
+# Do both binaries run and say the pinned versions?
+npm_agents_work() {
+  local bin="$NODE_DIR/node_modules/.bin"
+  [[ "$("$bin/opencode" --version 2>/dev/null)" == "${OPENCODE##*@}" ]] &&
+    [[ "$("$bin/codex" --version 2>/dev/null)" == *" ${CODEX##*@}" ]]
+}
+
+install_npm() {
+  if npm_agents_work; then
+    done_parts+=("opencode+codex cached")
+    return
+  fi
+  command -v npm >/dev/null || { failed_parts+=("npm not found"); return; }
+  [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' >"$NODE_DIR/package.json"
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact "$OPENCODE" "$CODEX" \
+    >>"$LOG" 2>&1
+  # opencode-ai's postinstall links the platform's binary into place; npm may skip scripts
+  npm_agents_work || (cd "$NODE_DIR/node_modules/opencode-ai" && node postinstall.mjs) >>"$LOG" 2>&1
+  if npm_agents_work; then
+    done_parts+=("$OPENCODE $CODEX installed")
+  else
+    failed_parts+=("npm install $OPENCODE $CODEX failed (see $LOG)")
+  fi
+}
+
+install_aider() {
+  if [ -x "$AIDER_VENV/bin/aider" ] &&
+    [ "$("$AIDER_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("aider-chat"))' 2>/dev/null)" = "${AIDER##*==}" ]; then
+    done_parts+=("aider cached")
+    return
+  fi
+  if { [ -x "$AIDER_VENV/bin/python" ] || python3 -m venv "$AIDER_VENV"; } >>"$LOG" 2>&1 &&
+    "$AIDER_VENV/bin/pip" install -q "$AIDER" >>"$LOG" 2>&1 && [ -x "$AIDER_VENV/bin/aider" ]; then
+    done_parts+=("$AIDER installed")
+  else
+    failed_parts+=("pip install $AIDER failed (see $LOG)")
+  fi
+}
+
+start=$SECONDS
+install_npm
+install_aider
+summary="install-agents: ${done_parts[*]:-nothing}"
+[ "${#failed_parts[@]}" -gt 0 ] && summary+="; could not: ${failed_parts[*]}"
+echo "$summary ($((SECONDS - start)) s)"
+exit 0
