@@ -55,6 +55,7 @@ class Runner:
         self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
         self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
         self._partial_line = ""
+        self.signals = _signals_raise()
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -69,7 +70,7 @@ class Runner:
         self._preflight()
         with (
             self.store.lock(),
-            _signals_raise(),
+            self.signals,
             orphans.recorded(self.store.dir),
             execute.watchdog(),
             deathdata.attached(self.plan, self.output, self.store.dir),
@@ -145,6 +146,7 @@ class Runner:
     def _loop(self) -> int:
         limit = self.model.loop.max_iterations
         while True:
+            self.signals.raise_pending()
             text = checklist.read(self.checklist_path)
             item = checklist.next_todo(text)
             if item is None:
@@ -235,6 +237,7 @@ class Runner:
             watch_every = 0
         with Watch(self.health, watch_every, self.state.iteration) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
+        self.signals.raise_pending()  # the step was killed by a signal: no strike for it
         self._flush_output()
         ok = result.ok
         self.output.event(
@@ -491,7 +494,17 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
 
 
 class _signals_raise:
-    """SIGINT/SIGTERM raise Interrupted in the main thread, so `finally` blocks save state."""
+    """SIGINT/SIGTERM raise Interrupted in the main thread, so `finally` blocks save state.
+
+    A handler that happens to run inside a weakref callback or a `__del__` has its exception
+    dropped by Python ("Exception ignored in ..."); the interrupt is kept, and the loop raises it
+    again at its next step boundary (`raise_pending`)."""
+
+    pending: Interrupted | None = None
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            raise self.pending
 
     def __enter__(self) -> None:
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -502,7 +515,8 @@ class _signals_raise:
         for s in self.previous:  # a second signal must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
         execute.kill_all()
-        raise Interrupted(signum)
+        self.pending = Interrupted(signum)
+        raise self.pending
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
