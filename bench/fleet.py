@@ -90,7 +90,7 @@ def runbook(agent_seconds: float, watch: float) -> dict[str, Any]:
                     "shell": "PYTHON={{ python }} HEALTH_TIMEOUT=1 {{ start }} {{ port }} "
                     "{{ standin_dir }}",
                     "timeout": 30,
-                }
+                },
             ],
             "attempts": 3,
             "delay": 1,

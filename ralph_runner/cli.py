@@ -7,7 +7,7 @@ import os
 import sys
 
 from ralph_runner import crash
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import FatalError, Interrupted
 
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     except FatalError as exc:
         for problem in exc.problems:
             print(f"ralph-run: error: {crash.mask(str(problem))}", file=sys.stderr)
+        code = exc.exit_code
+    except Interrupted as exc:  # the run saved its state and reported the signal
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ralph_runner.reports import Redactor
-from ralph_runner.state import Store
+from ralph_runner.state import Store, move
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h: "an internal software error has been detected"
 STATUS = "crashed"
@@ -110,8 +110,11 @@ def _mark_crashed(cause: str) -> None:
         return
     try:
         state = store.load()
-        state.status = STATUS
-        store.save(state)
+        if state.status == "running":  # the loop marks its own crash; this one came past it
+            move(state, STATUS)
+            store.save(state)
+        if state.status != STATUS:
+            return  # it crashed before the run began: that status still says what happened
         status = store.read_status() or {}
         store.write_status({**status, "status": STATUS, "running": False, "crash": cause})
     except Exception as err:  # a crash in the crash handler must not hide the first one

@@ -20,6 +20,7 @@ from ralph_runner import signatures, state
 from ralph_runner.errors import FatalError
 from ralph_runner.history import FILE as HISTORY_FILE
 from ralph_runner.history import History
+from ralph_runner.plan import death_log_for
 from ralph_runner.recorder import DIRECTORY, Recorder, Settings
 
 if TYPE_CHECKING:
@@ -97,8 +98,6 @@ def describe(settings: Settings) -> str:
 @contextlib.contextmanager
 def attached(plan: Plan, output: Output, state_dir: Path) -> Iterator[Session]:
     """Record this run: start the recorder, follow the events into the history."""
-    from ralph_runner.loop import death_log_for  # loop imports this module
-
     write_sources(state_dir, plan, death_log_for(plan).records_path)
     settings = settings_for(plan)
     recorder = None

@@ -119,11 +119,11 @@ def files_of(
         raise FatalError(Problem("no such file or directory", target))
     if path.suffix == ".jsonl":
         return [path, *nearby_history(path)]
-    from ralph_runner import loop, plan  # a runbook: the whole loader, only when needed
+    from ralph_runner import plan  # a runbook: the whole loader, only when needed
 
     found = []
     for selected in plan.build(path, inventory, None, extra_vars):
-        records = loop.death_log_for(selected).records_path
+        records = plan.death_log_for(selected).records_path
         history = selected.workdir / HISTORY
         found += [p for p in (records, history) if p.is_file()]
         if not records.is_file():

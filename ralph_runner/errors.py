@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 
@@ -30,6 +31,24 @@ class FatalError(Exception):
         self.problems: list[Problem] = problems if isinstance(problems, list) else [problems]
         self.exit_code = exit_code
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class GaveUp(FatalError):
+    """The service could not be brought back: the loop stops with recovery.exit_code."""
+
+
+class AgentBroken(FatalError):
+    """The agent failed the same way on consecutive items while the service was healthy."""
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt, so that no `except Exception`
+    (a template's error handler, a probe's) turns the signal into an ordinary failure. The CLI
+    exits with its exit_code (128 + the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        self.exit_code = 128 + signum
+        super().__init__(signal.Signals(signum).name)
 
 
 def key_path(path: tuple[str | int, ...]) -> str:

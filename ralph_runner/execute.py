@@ -161,10 +161,26 @@ def run(
     full_env = {**os.environ, **{k: str(v) for k, v in env.items()}} if env else None
 
     def cannot_start(reason: str) -> Result:
-        return Result(command, CANNOT_START, reason + "\n", 0, False, False, _since(started))
+        return Result(
+            command=command,
+            exit_code=CANNOT_START,
+            output=reason + "\n",
+            cut_bytes=0,
+            timed_out=False,
+            cancelled=False,
+            seconds=_since(started),
+        )
 
     if cancel is not None and cancel.is_set():
-        return Result(command, None, "", 0, False, True, 0.0)
+        return Result(
+            command=command,
+            exit_code=None,
+            output="",
+            cut_bytes=0,
+            timed_out=False,
+            cancelled=True,
+            seconds=0.0,
+        )
     if cwd is not None and not os.path.isdir(cwd):
         return cannot_start(f"cannot start {command}: no such directory: {os.fspath(cwd)}")
     search_path = (full_env or os.environ).get("PATH", os.defpath)
@@ -197,7 +213,15 @@ def run(
     output, cut = tail.result()
     cancelled = stopped == "cancel" or running.killed_by_shutdown
     exit_code = None if stopped or running.killed_by_shutdown else _exit_status(running.command)
-    return Result(command, exit_code, output, cut, stopped == "timeout", cancelled, _since(started))
+    return Result(
+        command=command,
+        exit_code=exit_code,
+        output=output,
+        cut_bytes=cut,
+        timed_out=stopped == "timeout",
+        cancelled=cancelled,
+        seconds=_since(started),
+    )
 
 
 def shell(command: str, **kwargs) -> Result:

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ralph_runner import execute
-from ralph_runner.errors import FatalError
-from ralph_runner.loop import Interrupted
+from ralph_runner.errors import FatalError, Interrupted
 from ralph_runner.output import Output
 from ralph_runner.plan import Plan
 

@@ -1,12 +1,18 @@
-"""The few git facts the loop needs, asked through the one process module."""
+"""The few git facts the loop needs, asked through the one process module, and the excludes
+that keep ralph-run's own files out of `git status`."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ralph_runner import execute
 from ralph_runner.errors import FatalError
+from ralph_runner.state import STATE_DIR, TEMP_SUFFIX
+
+EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
 
 
 @dataclass(frozen=True)
@@ -108,3 +114,64 @@ def commit_paths(workdir: Path, message: str, *paths: Path) -> None:
 
 def is_repo(workdir: Path) -> bool:
     return execute.run(["git", "rev-parse", "--git-dir"], cwd=workdir, timeout=60).ok
+
+
+def exclude_from_git(workdir: Path, paths: list[Path], patterns: Iterable[str] = ()) -> None:
+    """Keep ralph-run's files out of `git status` via .git/info/exclude, so `verify: committed`
+    never sees them as a dirty tree. `.ralph/` and leftover temp files always; `paths` (relative
+    to `workdir` or absolute) when they lie inside the repository; `patterns` (gitignore
+    patterns: the agents' own files) as they are. Adds each entry once; does nothing outside a
+    git repository.
+    """
+    workdir = Path(os.path.realpath(workdir))
+    found = _find_repo(workdir)
+    if found is None:
+        return
+    top, common_dir = found
+    wanted = [f"*{TEMP_SUFFIX}", _anchored(top, workdir / STATE_DIR) + "/"]
+    for path in paths:
+        absolute = Path(os.path.realpath(workdir / path))
+        if absolute.is_relative_to(top) and absolute != top:
+            wanted.append(_anchored(top, absolute))
+    wanted.extend(patterns)
+    exclude = common_dir / "info" / "exclude"
+    existing = exclude.read_text("utf-8", "replace") if exclude.exists() else ""
+    present = existing.split("\n")
+    missing = [e for e in dict.fromkeys(wanted) if e not in present]
+    if not missing:
+        return
+    lines = [EXCLUDE_HEADER] if EXCLUDE_HEADER not in present else []
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    separator = "\n" if existing and not existing.endswith("\n") else ""
+    with exclude.open("a", encoding="utf-8") as out:
+        out.write(separator + "".join(f"{line}\n" for line in [*lines, *missing]))
+
+
+def _find_repo(start: Path) -> tuple[Path, Path] | None:
+    """(work tree top, common git dir) of the repository holding `start`, without running git.
+
+    A `.git` file (worktree, submodule) points at the git dir; a worktree's `commondir` points
+    at the directory that holds `info/exclude`.
+    """
+    for directory in [start, *start.parents]:
+        dotgit = directory / ".git"
+        if dotgit.is_dir():
+            return directory, dotgit
+        if dotgit.is_file():
+            content = dotgit.read_text(encoding="utf-8").strip()
+            if not content.startswith("gitdir:"):
+                return None
+            git_dir = (directory / content.removeprefix("gitdir:").strip()).resolve()
+            commondir = git_dir / "commondir"
+            if commondir.is_file():
+                git_dir = (git_dir / commondir.read_text(encoding="utf-8").strip()).resolve()
+            return directory, git_dir
+    return None
+
+
+def _anchored(top: Path, path: Path) -> str:
+    """A gitignore pattern that matches exactly `path` (inside `top`) and nothing else."""
+    escaped = "".join("\\" + c if c in "\\*?[" else c for c in path.relative_to(top).as_posix())
+    if escaped.endswith(" "):  # git strips unescaped trailing spaces
+        escaped = escaped[:-1] + "\\ "
+    return "/" + escaped

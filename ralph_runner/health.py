@@ -158,8 +158,7 @@ class Health:
                 if now < running.deadline:
                     return running  # handed on: wait for it rather than queue behind it
                 detail = "still hung from an earlier round"
-                result = ProbeResult(spec.name, spec.kind, False, "timeout", detail, 0.0)
-                return _Check(_ready(result), timeout, now)
+                return _Check(_ready(_timed_out(spec, detail, 0.0)), timeout, now)
             ctx = ProbeContext(self.client, self.connection, timeout, self._states[index])
             check = _Check(self._workers[index].submit(spec, ctx), timeout, now + timeout + GRACE)
             self._running[index] = check
@@ -171,7 +170,7 @@ class Health:
         except TimeoutError:
             spec = self.probes[index]
             detail = f"no answer within {check.timeout:g}s (the check is still running)"
-            return ProbeResult(spec.name, spec.kind, False, "timeout", detail, check.timeout)
+            return _timed_out(spec, detail, check.timeout)
 
 
 @dataclass
@@ -213,3 +212,10 @@ class _Worker:
 def _pause(seconds: float, cancel: threading.Event | None) -> bool:
     """Wait; True when cancelled."""
     return (cancel or threading.Event()).wait(seconds)
+
+
+def _timed_out(spec: ProbeSpec, detail: str, seconds: float) -> ProbeResult:
+    """The verdict on a check that did not answer in time."""
+    return ProbeResult(
+        name=spec.name, kind=spec.kind, ok=False, reason="timeout", detail=detail, seconds=seconds
+    )

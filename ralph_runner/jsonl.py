@@ -79,11 +79,6 @@ class Skipped:
         if len(self.where) < self.KEEP:
             self.where.append(f"{path}:{number} ({kind})")
 
-    def merge(self, other: Skipped) -> None:
-        self.torn += other.torn
-        self.foreign += other.foreign
-        self.where.extend(other.where[: max(0, self.KEEP - len(self.where))])
-
     def text(self) -> str:
         """'skipped 3 lines (2 torn, 1 foreign: ...)' or '' when none was."""
         if not self.total:

@@ -9,8 +9,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
-
 from ralph_runner import (
     checklist,
     deathdata,
@@ -19,90 +17,22 @@ from ralph_runner import (
     git,
     housekeeping,
     orphans,
-    probes,
     reports,
     state,
     tasks,
 )
 from ralph_runner.actions import TaskResult
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
 from ralph_runner.failures import Failure
-from ralph_runner.health import Health, ProbeSpec
 from ralph_runner.loader import TaskSpec
 from ralph_runner.output import Output
-from ralph_runner.plan import Plan
-from ralph_runner.service import GaveUp, Service
+from ralph_runner.plan import Plan, death_log_for, health_for
+from ralph_runner.service import Service
 from ralph_runner.watch import Watch
 
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
-FRESH_STATUSES = {"idle", "finished", "stopped", "gave-up", "agent-broken"}
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
-
-
-class AgentBroken(FatalError):
-    """The agent failed the same way on consecutive items while the service was healthy."""
-
-
-class Interrupted(BaseException):
-    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt, so that no `except Exception`
-    (a template's error handler, a probe's) turns the signal into an ordinary failure."""
-
-    def __init__(self, signum: int) -> None:
-        self.exit_code = 128 + signum
-        super().__init__(signal.Signals(signum).name)
-
-
-def probe_specs(plan: Plan) -> list[ProbeSpec]:
-    """The runbook's probes rendered with the plan's variables and validated again."""
-    specs = []
-    for raw in plan.runbook.probes:
-        module = probes.KINDS[raw.kind]
-        params = getattr(raw.probe, raw.kind)
-        if getattr(module, "SHELL", False):
-            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
-        else:
-            data = params.model_dump() if isinstance(params, BaseModel) else params
-            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
-        try:
-            params = TypeAdapter(module.Params).validate_python(rendered)
-        except ValidationError as exc:  # e.g. `port: "{{ port }}"` rendered to a word
-            errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise FatalError(replace(raw.where, message=f"once rendered: {errors}")) from None
-        specs.append(ProbeSpec(raw.name, raw.kind, params, raw.probe.timeout, raw.probe.every))
-    return specs
-
-
-def health_for(plan: Plan) -> Health:
-    config = plan.model.health
-    return Health(
-        probe_specs(plan),
-        failures_before_dead=config.failures_before_dead,
-        interval=config.interval,
-        connection=plan.connection_for(None),
-    )
-
-
-def death_log_for(plan: Plan) -> reports.DeathLog:
-    config = plan.model.diagnostics
-    log = plan.path(("diagnostics", "log"), config.log)
-    records = config.records and plan.path(("diagnostics", "records"), config.records)
-    where = plan.runbook.where(("diagnostics", "template"))
-    if config.template == "default":
-        template = reports.default_template()
-    else:
-        try:
-            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
-    return reports.DeathLog(
-        log,
-        reports.records_path(log, records),
-        template=template,
-        templar=plan.templar,
-        redactor=reports.Redactor(plan.secret_values()),
-        where=where,
-    )
 
 
 class Runner:
@@ -125,20 +55,29 @@ class Runner:
         self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
         self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
         self._partial_line = ""
+        self.signals = _signals_raise()
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
+        """The loop's exit code; an interrupt is reported (state saved) and raised on to the CLI."""
+        try:
+            return self._run()
+        except Interrupted as exc:
+            self.output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
+            raise
+
+    def _run(self) -> int:
         self._preflight()
         with (
             self.store.lock(),
-            _signals_raise(),
+            self.signals,
             orphans.recorded(self.store.dir),
             execute.watchdog(),
             deathdata.attached(self.plan, self.output, self.store.dir),
         ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
-            state.exclude_from_git(
+            git.exclude_from_git(
                 self.plan.workdir,
                 [self.store.dir, death_log.log_path, death_log.records_path],
                 self.ignore,
@@ -152,21 +91,24 @@ class Runner:
             self.health = health
             try:
                 code = self._loop()
-                self.state.status = "finished" if code == EXIT_DONE else "stopped"
+                state.move(self.state, "finished" if code == EXIT_DONE else "stopped")
                 return code
             except GaveUp:
-                self.state.status = "gave-up"
+                state.move(self.state, "gave-up")
                 raise
             except AgentBroken:
-                self.state.status = "agent-broken"
+                state.move(self.state, "agent-broken")
                 raise
             except FatalError:  # e.g. a template error in a step: fix the runbook, run again
-                self.state.status = "failed"
+                state.move(self.state, "failed")
                 raise
             except Interrupted:
                 self.stop.set()
                 execute.kill_all()
-                self.state.status = "interrupted"
+                state.move(self.state, "interrupted")
+                raise
+            except Exception:  # a bug in ralph-run: said as such, and resumed by the next run
+                state.move(self.state, "crashed")
                 raise
             finally:
                 health.close()
@@ -189,20 +131,22 @@ class Runner:
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
-        if loaded.status in FRESH_STATUSES:
+        if loaded.status in state.STARTS_OVER:
             loaded.iteration = 0
             loaded.started = time.time()
         else:
             self.output.event(
                 "resume", iteration=loaded.iteration, deaths=loaded.deaths, item=loaded.current_item
             )
-        loaded.pid, loaded.status = os.getpid(), "running"
+        loaded.pid = os.getpid()
+        state.move(loaded, "running")
         loaded.agent_broken = None  # it explained the last stop; this run starts over
         return loaded
 
     def _loop(self) -> int:
         limit = self.model.loop.max_iterations
         while True:
+            self.signals.raise_pending()
             text = checklist.read(self.checklist_path)
             item = checklist.next_todo(text)
             if item is None:
@@ -293,6 +237,7 @@ class Runner:
             watch_every = 0
         with Watch(self.health, watch_every, self.state.iteration) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
+        self.signals.raise_pending()  # the step was killed by a signal: no strike for it
         self._flush_output()
         ok = result.ok
         self.output.event(
@@ -369,7 +314,12 @@ class Runner:
             from_process=failed["from_process"],
             at_once_untouched=untouched,
         )
-        return Failure(item.text, failed["reason"], failed["output_tail"], signatures)
+        return Failure(
+            item=item.text,
+            reason=failed["reason"],
+            output_tail=failed["output_tail"],
+            signatures=signatures,
+        )
 
     def _agent_broken(self, previous: Failure, failure: Failure) -> None:
         """Stop (exit 6): the agent, not the item, is failing. The failure is no strike, and the
@@ -409,7 +359,7 @@ class Runner:
         text = checklist.read(self.checklist_path)
         current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
         if current is not None:
-            checklist.write(self.checklist_path, checklist.mark(text, current, "!"))
+            checklist.write(self.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
             if self.in_repo:
                 message = f"skip: {item.text} ({strikes} failures)"
                 git.commit_paths(self.plan.workdir, message, self.checklist_path)
@@ -441,21 +391,10 @@ class Runner:
         facts = {**self._facts(), **({"context": context} if context else {})}
         self.service.ensure_alive(phase, facts, self.state.iteration)
 
-    def verify(self, params) -> TaskResult:
-        problems = []
-        item_text = self.state.current_item or ""
-        if params.checked:
-            found = checklist.find(checklist.read(self.checklist_path), item_text)
-            if found is None or found.mark != "x":
-                problems.append("item not ticked")
-        if params.committed:
-            self.after = self._snapshot()
-            before = self.before.head if self.before else None
-            if self.after is None or self.after.head == before:
-                problems.append("no new commit")
-            elif not self.after.clean:
-                problems.append("uncommitted changes")
-        return TaskResult(ok=not problems, output="; ".join(problems) or "verified")
+    def look_at_tree(self) -> git.Snapshot | None:
+        """The work tree now, for verify; kept as what the next iteration starts from."""
+        self.after = self._snapshot()
+        return self.after
 
     # -- helpers ---------------------------------------------------------------
     def _snapshot(self) -> git.Snapshot | None:
@@ -555,7 +494,17 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
 
 
 class _signals_raise:
-    """SIGINT/SIGTERM raise Interrupted in the main thread, so `finally` blocks save state."""
+    """SIGINT/SIGTERM raise Interrupted in the main thread, so `finally` blocks save state.
+
+    A handler that happens to run inside a weakref callback or a `__del__` has its exception
+    dropped by Python ("Exception ignored in ..."); the interrupt is kept, and the loop raises it
+    again at its next step boundary (`raise_pending`)."""
+
+    pending: Interrupted | None = None
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            raise self.pending
 
     def __enter__(self) -> None:
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -566,7 +515,8 @@ class _signals_raise:
         for s in self.previous:  # a second signal must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
         execute.kill_all()
-        raise Interrupted(signum)
+        self.pending = Interrupted(signum)
+        raise self.pending
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():

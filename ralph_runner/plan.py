@@ -10,8 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ralph_runner import connection, inventory, loader, templating
+from pydantic import BaseModel
+
+from ralph_runner import connection, inventory, loader, probes, reports, templating
+from ralph_runner.actions import validate_rendered
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.health import Health, ProbeSpec
 from ralph_runner.loader import LoadedRunbook
 
 EXPAND_PASSES = 8
@@ -135,3 +139,59 @@ def _templated(value: Any) -> bool:
     if isinstance(value, list):
         return any(_templated(v) for v in value)
     return False
+
+
+def probe_specs(plan: Plan) -> list[ProbeSpec]:
+    """The runbook's probes rendered with the plan's variables and validated again."""
+    specs = []
+    for raw in plan.runbook.probes:
+        module = probes.KINDS[raw.kind]
+        params = getattr(raw.probe, raw.kind)
+        if getattr(module, "SHELL", False):
+            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
+        else:
+            data = params.model_dump() if isinstance(params, BaseModel) else params
+            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
+        params = validate_rendered(module.Params, rendered, raw.where)
+        specs.append(
+            ProbeSpec(
+                name=raw.name,
+                kind=raw.kind,
+                params=params,
+                timeout=raw.probe.timeout,
+                every=raw.probe.every,
+            )
+        )
+    return specs
+
+
+def health_for(plan: Plan) -> Health:
+    config = plan.model.health
+    return Health(
+        probe_specs(plan),
+        failures_before_dead=config.failures_before_dead,
+        interval=config.interval,
+        connection=plan.connection_for(None),
+    )
+
+
+def death_log_for(plan: Plan) -> reports.DeathLog:
+    config = plan.model.diagnostics
+    log = plan.path(("diagnostics", "log"), config.log)
+    records = config.records and plan.path(("diagnostics", "records"), config.records)
+    where = plan.runbook.where(("diagnostics", "template"))
+    if config.template == "default":
+        template = reports.default_template()
+    else:
+        try:
+            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
+    return reports.DeathLog(
+        log,
+        reports.records_path(log, records),
+        template=template,
+        templar=plan.templar,
+        redactor=reports.Redactor(plan.secret_values()),
+        where=where,
+    )

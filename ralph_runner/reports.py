@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.state import fsync_directory
 
 if TYPE_CHECKING:
     from ralph_runner.templating import Templar
@@ -198,22 +199,9 @@ def append_durably(path: Path, text: str) -> None:
             raise
     finally:
         os.close(fd)
-    if created:
-        fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a new file's directory entry durable too (best effort: some filesystems refuse)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if created:  # the new file's directory entry too (best effort: some filesystems refuse)
+        with contextlib.suppress(OSError):
+            fsync_directory(path.parent)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -9,16 +9,12 @@ from datetime import datetime
 from typing import Any
 
 from ralph_runner import deathdata, diagnostics, recovery, tasks
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import GaveUp
 from ralph_runner.health import Health
 from ralph_runner.plan import Plan
 from ralph_runner.probes import ProbeResult
 from ralph_runner.reports import DeathLog
 from ralph_runner.state import State
-
-
-class GaveUp(FatalError):
-    """The service could not be brought back: the loop stops with recovery.exit_code."""
 
 
 class Service:

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,18 +26,27 @@ if TYPE_CHECKING:
 
 STATE_DIR = ".ralph"
 TEMP_SUFFIX = ".ralph-tmp"
-EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
+# The run states, Supervisor-style: a fixed set, and the moves allowed between them.
 STATUSES = (
-    "idle",
-    "running",
-    "finished",
-    "stopped",
-    "gave-up",
-    "agent-broken",
-    "interrupted",
-    "failed",
-    "crashed",
+    "idle",  # never run
+    "running",  # a run holds the workdir (or was killed with -9 while it did)
+    "finished",  # the checklist is done (exit 0)
+    "stopped",  # max_iterations reached with items left (exit 5)
+    "gave-up",  # the service could not be recovered (recovery.exit_code)
+    "agent-broken",  # the agent failed the same way on two items (exit 6)
+    "interrupted",  # SIGINT/SIGTERM (exit 130/143)
+    "failed",  # a FatalError in the run, e.g. a template error in a step (exit 2)
+    "crashed",  # an unexpected exception: a bug in ralph-run (exit 70)
 )
+ENDED = STATUSES[2:]
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "idle": frozenset({"running"}),
+    # running -> running: a run killed with -9 left "running" behind; the next one resumes it
+    "running": frozenset(STATUSES[1:]),
+    **{ended: frozenset({"running"}) for ended in ENDED},
+}
+# A run that starts from these starts over (iteration 0); from the others it resumes.
+STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken"})
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
@@ -48,7 +57,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     also fsyncs, so that the new bytes survive a power loss, not only a crash of ralph-run.
 
     The temp file's name is fixed per target (`.NAME.ralph-tmp`), so a crash leaves at most one
-    behind, the next write reuses it, and `exclude_from_git` keeps it out of `git status`.
+    behind, the next write reuses it, and `git.exclude_from_git` keeps it out of `git status`.
     A symlink is followed (its target is replaced) and an existing file keeps its mode.
     """
     target = Path(os.path.realpath(path))
@@ -68,15 +77,16 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
                 os.close(fd)
             os.replace(temp, target)
             if durable:
-                _fsync_dir(target.parent)
+                fsync_directory(target.parent)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise FatalError(Problem(f"cannot write: {e.strerror}", str(path))) from None
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable."""
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a new file in `directory` durable; OSError when it cannot be opened or
+    synced (a caller to whom that is best effort suppresses it)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -120,6 +130,17 @@ class State:
             if not _VALID[name](value):
                 raise ValueError(f"{name!r} has an invalid value: {value!r}")
         return cls(**known)
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not allow: a bug in ralph-run, not something an operator did."""
+
+
+def move(state: State, to: str) -> None:
+    """The one way the run's status changes: refuses a move TRANSITIONS does not allow."""
+    if to not in TRANSITIONS.get(state.status, ()):
+        raise IllegalTransition(f"run status cannot move from {state.status!r} to {to!r}")
+    state.status = to
 
 
 def _is_int(value: Any) -> bool:
@@ -267,64 +288,3 @@ def _holder_pid(fd: int) -> str:
     """The pid the lock holder wrote, or "unknown" if it has not written it yet."""
     pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     return pid if pid.isdigit() else "unknown"
-
-
-def exclude_from_git(workdir: Path, paths: list[Path], patterns: Iterable[str] = ()) -> None:
-    """Keep ralph-run's files out of `git status` via .git/info/exclude, so `verify: committed`
-    never sees them as a dirty tree. `.ralph/` and leftover temp files always; `paths` (relative
-    to `workdir` or absolute) when they lie inside the repository; `patterns` (gitignore
-    patterns: the agents' own files) as they are. Adds each entry once; does nothing outside a
-    git repository.
-    """
-    workdir = Path(os.path.realpath(workdir))
-    found = _find_repo(workdir)
-    if found is None:
-        return
-    top, common_dir = found
-    wanted = [f"*{TEMP_SUFFIX}", _anchored(top, workdir / STATE_DIR) + "/"]
-    for path in paths:
-        absolute = Path(os.path.realpath(workdir / path))
-        if absolute.is_relative_to(top) and absolute != top:
-            wanted.append(_anchored(top, absolute))
-    wanted.extend(patterns)
-    exclude = common_dir / "info" / "exclude"
-    existing = exclude.read_text("utf-8", "replace") if exclude.exists() else ""
-    present = existing.split("\n")
-    missing = [e for e in dict.fromkeys(wanted) if e not in present]
-    if not missing:
-        return
-    lines = [EXCLUDE_HEADER] if EXCLUDE_HEADER not in present else []
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    separator = "\n" if existing and not existing.endswith("\n") else ""
-    with exclude.open("a", encoding="utf-8") as out:
-        out.write(separator + "".join(f"{line}\n" for line in [*lines, *missing]))
-
-
-def _find_repo(start: Path) -> tuple[Path, Path] | None:
-    """(work tree top, common git dir) of the repository holding `start`, without running git.
-
-    A `.git` file (worktree, submodule) points at the git dir; a worktree's `commondir` points
-    at the directory that holds `info/exclude`.
-    """
-    for directory in [start, *start.parents]:
-        dotgit = directory / ".git"
-        if dotgit.is_dir():
-            return directory, dotgit
-        if dotgit.is_file():
-            content = dotgit.read_text(encoding="utf-8").strip()
-            if not content.startswith("gitdir:"):
-                return None
-            git_dir = (directory / content.removeprefix("gitdir:").strip()).resolve()
-            commondir = git_dir / "commondir"
-            if commondir.is_file():
-                git_dir = (git_dir / commondir.read_text(encoding="utf-8").strip()).resolve()
-            return directory, git_dir
-    return None
-
-
-def _anchored(top: Path, path: Path) -> str:
-    """A gitignore pattern that matches exactly `path` (inside `top`) and nothing else."""
-    escaped = "".join("\\" + c if c in "\\*?[" else c for c in path.relative_to(top).as_posix())
-    if escaped.endswith(" "):  # git strips unescaped trailing spaces
-        escaped = escaped[:-1] + "\\ "
-    return "/" + escaped

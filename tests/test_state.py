@@ -15,8 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ralph_runner import state as run_state
 from ralph_runner.errors import FatalError
-from ralph_runner.state import EXCLUDE_HEADER, State, Store, exclude_from_git
+from ralph_runner.git import EXCLUDE_HEADER, exclude_from_git
+from ralph_runner.state import State, Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -165,6 +167,38 @@ def test_wrongly_typed_state_is_reported_not_a_traceback(tmp_path: Path, data):
     with pytest.raises(FatalError, match="to start over") as caught:
         store.load()
     assert caught.value.problems[0].file == str(store.state_path)
+
+
+def test_every_status_has_its_moves_and_every_move_ends_in_a_status():
+    assert set(run_state.TRANSITIONS) == set(run_state.STATUSES)
+    for targets in run_state.TRANSITIONS.values():
+        assert targets <= set(run_state.STATUSES)
+    assert set(run_state.STATUSES) >= run_state.STARTS_OVER
+
+
+@pytest.mark.parametrize("ended", run_state.ENDED)
+def test_a_run_ends_in_any_ended_status_and_the_next_run_starts_from_it(ended):
+    st = State()
+    run_state.move(st, "running")
+    run_state.move(st, ended)
+    assert st.status == ended
+    run_state.move(st, "running")
+    assert st.status == "running"
+
+
+@pytest.mark.parametrize(
+    ("start", "to"), [("idle", "finished"), ("finished", "gave-up"), ("crashed", "idle")]
+)
+def test_an_illegal_move_is_refused_and_the_status_stays(start, to):
+    st = State(status=start)
+    with pytest.raises(run_state.IllegalTransition, match=f"from '{start}' to '{to}'"):
+        run_state.move(st, to)
+    assert st.status == start
+
+
+def test_a_crashed_run_is_resumed_not_started_over():
+    assert "crashed" not in run_state.STARTS_OVER
+    assert State.from_dict({"status": "crashed"}).status == "crashed"
 
 
 def test_status_snapshot_round_trips(tmp_path: Path):

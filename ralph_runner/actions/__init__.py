@@ -15,12 +15,15 @@ Adding an action kind is adding one module here: the schema and the executor fin
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ralph_runner import plugins
+from ralph_runner.errors import FatalError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
     from ralph_runner.errors import Problem
     from ralph_runner.execute import Result
     from ralph_runner.templating import Templar
+
+ParamsT = TypeVar("ParamsT", bound=BaseModel)
 
 
 @dataclass
@@ -86,6 +91,11 @@ class TaskContext:
     run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
     on_output: Callable[[str], None] | None = None  # live output, for `ralph-run -v`
 
+    def render_params(self, params: ParamsT) -> ParamsT:
+        """`params` with every template in them rendered, validated again as their own type."""
+        data = self.templar.render_data(params.model_dump(), self.variables, where=self.where)
+        return validate_rendered(type(params), data, self.where)
+
     def process_options(self) -> dict[str, Any]:
         """The keywords of Connection.shell / .argv for this task."""
         return {
@@ -96,6 +106,16 @@ class TaskContext:
             "cancel": self.cancel,
             "on_output": self.on_output,
         }
+
+
+def validate_rendered(params_type: Any, data: Any, where: Problem) -> Any:
+    """Rendered params checked against their type again: `port: "{{ port }}"` may have rendered
+    to a word. FatalError at the task's (or probe's) line, not a pydantic traceback."""
+    try:
+        return TypeAdapter(params_type).validate_python(data)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise FatalError(replace(where, message=f"once rendered: {errors}")) from None
 
 
 KINDS: dict[str, ModuleType] = plugins.discover(

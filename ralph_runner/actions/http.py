@@ -46,13 +46,8 @@ def client() -> httpx.Client:
     return httpx.Client()
 
 
-def rendered(params: Params, ctx: TaskContext) -> Params:
-    data = ctx.templar.render_data(params.model_dump(), ctx.variables, where=ctx.where)
-    return Params.model_validate(data)
-
-
 def describe(params: Params, ctx: TaskContext) -> str:
-    request = rendered(params, ctx)
+    request = ctx.render_params(params)
     return f"{request.method} {request.url}"
 
 
@@ -70,7 +65,7 @@ def payload(body: str | dict[str, Any] | list[Any] | None) -> dict[str, Any]:
 
 
 def run(params: Params, ctx: TaskContext) -> TaskResult:
-    request = rendered(params, ctx)
+    request = ctx.render_params(params)
     timeout = ctx.timeout or DEFAULT_TIMEOUT
     started = time.monotonic()
     try:

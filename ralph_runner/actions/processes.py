@@ -32,13 +32,8 @@ class Params(BaseModel):
     match: Regex | None = None  # searched in the joined command line
 
 
-def _rendered(params: Params, ctx: TaskContext) -> Params:
-    data = ctx.templar.render_data(params.model_dump(), ctx.variables, where=ctx.where)
-    return Params.model_validate(data)
-
-
 def describe(params: Params, ctx: TaskContext) -> str:
-    params = _rendered(params, ctx)
+    params = ctx.render_params(params)
     matching = f", and those matching {params.match!r}" if params.match else ""
     return f"list the {params.top} largest processes{matching}"
 
@@ -82,7 +77,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run(params: Params, ctx: TaskContext) -> TaskResult:
-    params = _rendered(params, ctx)
+    params = ctx.render_params(params)
     if ctx.connection.name != "local":
         return TaskResult(
             ok=False,

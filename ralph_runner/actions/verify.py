@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict
 
+from ralph_runner import checklist
 from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.git import Snapshot
 
 KEY = "verify"
 LOOP_ONLY = True  # it checks the item the loop is working on
@@ -26,4 +30,26 @@ def describe(params: Params | None, ctx: TaskContext) -> str:
 
 
 def run(params: Params | None, ctx: TaskContext) -> TaskResult:
-    return ctx.run.verify(params or Params())
+    """The loop's runtime (ctx.run) knows the item in hand and the tree the iteration began with."""
+    params = params or Params()
+    loop = ctx.run
+    problems = []
+    if params.checked and not _ticked(loop.checklist_path, loop.state.current_item or ""):
+        problems.append("item not ticked")
+    if params.committed:
+        problems.extend(_commit_problems(loop.before, loop.look_at_tree()))
+    return TaskResult(ok=not problems, output="; ".join(problems) or "verified")
+
+
+def _ticked(checklist_path: Path, item_text: str) -> bool:
+    found = checklist.find(checklist.read(checklist_path), item_text)
+    return found is not None and found.mark == checklist.DONE
+
+
+def _commit_problems(before: Snapshot | None, after: Snapshot | None) -> list[str]:
+    """A new HEAD and a clean tree (housekeeping already left out), or what is missing."""
+    if after is None or after.head == (before.head if before else None):
+        return ["no new commit"]
+    if not after.clean:
+        return ["uncommitted changes"]
+    return []

@@ -20,7 +20,6 @@ from ralph_runner import (
     deathdata,
     fleet,
     loader,
-    loop,
     plan,
     recovery,
     tasks,
@@ -77,7 +76,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     try:
         probes = [
             {"name": s.name, s.kind: _dump(s.params), "timeout": s.timeout, "every": s.every}
-            for s in loop.probe_specs(p)
+            for s in plan.probe_specs(p)
         ]
     except FatalError as exc:
         problems.append(exc)

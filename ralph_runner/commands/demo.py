@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ralph_runner import execute, plan, reports, state
 from ralph_runner.errors import FatalError
-from ralph_runner.loop import Interrupted, Runner
+from ralph_runner.loop import Runner
 from ralph_runner.output import Output
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -73,10 +73,7 @@ def main(args: argparse.Namespace) -> int:
         output = Output(json_lines=args.json)
         chaos = threading.Thread(target=_chaos, args=(workspace, standin), daemon=True)
         chaos.start()
-        try:
-            code = Runner(selected, output).run()
-        except Interrupted as exc:
-            code = exc.exit_code
+        code = Runner(selected, output).run()
     finally:
         os.chdir(cwd)
         _stop_server(standin)

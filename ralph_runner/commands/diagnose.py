@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from ralph_runner import checklist, diagnostics, loop, plan, reports
+from ralph_runner import checklist, diagnostics, plan, reports
 from ralph_runner.service import iso_time
 
 
@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
             "probes": [],
             "collectors": diagnostics.collect(p.runbook.collectors, group, variables),
         }
-        log = loop.death_log_for(p)  # the runbook's own template and secrets; nothing written
+        log = plan.death_log_for(p)  # the runbook's own template and secrets; nothing written
         if args.json:
             print(json.dumps(log.redactor.data(record), ensure_ascii=False))
         else:

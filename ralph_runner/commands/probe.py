@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from ralph_runner import loop, plan
+from ralph_runner import plan
 from ralph_runner.errors import FatalError
 from ralph_runner.reports import Redactor
 
@@ -18,7 +18,7 @@ def main(args: argparse.Namespace) -> int:
         if not p.runbook.probes:
             where = p.runbook.where(("health", "probes"))
             raise FatalError(replace(where, message="the runbook declares no health probes"))
-        health = loop.health_for(p)
+        health = plan.health_for(p)
         try:
             results = health.round(None)
         finally:

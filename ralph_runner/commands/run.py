@@ -6,8 +6,8 @@ import argparse
 from typing import Any, Protocol
 
 from ralph_runner import crash, fleet, plan
-from ralph_runner.errors import FatalError
-from ralph_runner.loop import Interrupted, Runner
+from ralph_runner.errors import FatalError, Interrupted
+from ralph_runner.loop import Runner
 from ralph_runner.output import Output
 from ralph_runner.reports import Redactor
 
@@ -38,11 +38,7 @@ def main(args: argparse.Namespace) -> int:
         crash.register(runner.store, output.redactor)  # a crash marks this run, masks its secrets
         code = runner.run()
         return code
-    except Interrupted as exc:
-        output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
-        code = exc.exit_code
-        return code
-    except FatalError as exc:
+    except (FatalError, Interrupted) as exc:  # the followers' last word has the exit code
         code = exc.exit_code
         raise
     finally:

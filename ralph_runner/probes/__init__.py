@@ -123,7 +123,14 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
         ok, reason, detail = KINDS[kind].check(params, ctx)
     except Exception as exc:
         ok, (reason, detail) = False, classify(exc, ctx.timeout)
-    return ProbeResult(name, kind, ok, None if ok else reason, detail, time.monotonic() - started)
+    return ProbeResult(
+        name=name,
+        kind=kind,
+        ok=ok,
+        reason=None if ok else reason,
+        detail=detail,
+        seconds=time.monotonic() - started,
+    )
 
 
 KINDS: dict[str, ModuleType] = plugins.discover(
