@@ -31,6 +31,10 @@ alive() {  # PID: a live dockerd, not a recycled pid
 
 our_pid() { cat "$PID_FILE" 2>/dev/null || true; }
 
+daemon_pid() {  # the dockerd serving our data root, however it was started
+  pgrep -f -- "^dockerd .*--data-root $DATA_ROOT( |$)" | head -n 1 || true
+}
+
 poll() {  # SECONDS COMMAND...: until COMMAND succeeds; 1 when the time is up
   local deadline=$((SECONDS + $1))
   shift
@@ -64,19 +68,26 @@ start() {
     return 0
   fi
   # setsid: its own session, so it lives on after this script and a test's process-tree kill.
+  # setsid forks when it is started as a group leader (a background job of a script run in the
+  # background, as .ci/run does): then $! is gone at once, so the daemon is found by its data root.
   setsid dockerd --iptables=false --ip-masq=false --bridge=none \
     --data-root "$DATA_ROOT" --pidfile "$PID_FILE.dockerd" \
     </dev/null >>"$LOG" 2>&1 &
-  pid=$!
-  echo "$pid" >"$PID_FILE"
+  local launcher=$!
   until answers; do
-    alive "$pid" || { rm -f "$PID_FILE"; fail "dockerd exited during start-up (log: $LOG)"; }
+    pid="$(daemon_pid)"
+    if [[ -z "$pid" ]] && ! alive "$launcher"; then
+      fail "dockerd exited during start-up (log: $LOG)"
+    fi
     if ((SECONDS >= START_TIMEOUT)); then
+      [[ -n "$pid" ]] && echo "$pid" >"$PID_FILE"
       stop
       fail "docker info did not answer within ${START_TIMEOUT}s (log: $LOG)"
     fi
     sleep 0.2
   done
+  pid="$(daemon_pid)"
+  echo "$pid" >"$PID_FILE"
   echo "dockerd: started (pid $pid, data root $DATA_ROOT, log $LOG)"
 }
 
