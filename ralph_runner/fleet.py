@@ -12,7 +12,6 @@ takes its agent down within CHILD_GRACE, then anything left is killed.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -104,7 +103,7 @@ def run(plans: list[Plan], args: Any, output: Output) -> int:
     with ThreadPoolExecutor(max_workers=args.forks, thread_name_prefix="host") as pool:
         futures = [pool.submit(one, host) for host in hosts]
         try:
-            with _stop_on_signal(stop):
+            with execute.InterruptsRaise(CHILD_GRACE, on_signal=stop.set):
                 for future in futures:
                     future.result()
         except Interrupted as exc:
@@ -152,26 +151,3 @@ def _emit(host: HostRun, output: Output, line: str) -> None:
     elif kind == "death":
         host.deaths = max(host.deaths, event.get("death", 0))
     output.event(kind, **{**event, "host": host.host})
-
-
-class _stop_on_signal:
-    """SIGINT/SIGTERM: no new host starts, every child gets CHILD_GRACE to stop cleanly."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-
-    def __enter__(self) -> None:
-        self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for signum in self.previous:
-            signal.signal(signum, self._raise)
-
-    def _raise(self, signum: int, frame: object) -> None:
-        for s in self.previous:  # a second signal must not interrupt the clean-up
-            signal.signal(s, signal.SIG_IGN)
-        self.stop.set()
-        execute.kill_all(grace=CHILD_GRACE)
-        raise Interrupted(signum)
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from dataclasses import replace
@@ -55,7 +54,7 @@ class Runner:
         self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
         self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
         self._partial_line = ""
-        self.signals = _signals_raise()
+        self.signals = execute.InterruptsRaise()
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -491,33 +490,3 @@ def _housekeeping_patterns(plan: Plan) -> list[str]:
         if spec.kind == "verify" and spec.params is not None:
             patterns.extend(p for p in spec.params.ignore if p not in patterns)
     return patterns
-
-
-class _signals_raise:
-    """SIGINT/SIGTERM raise Interrupted in the main thread, so `finally` blocks save state.
-
-    A handler that happens to run inside a weakref callback or a `__del__` has its exception
-    dropped by Python ("Exception ignored in ..."); the interrupt is kept, and the loop raises it
-    again at its next step boundary (`raise_pending`)."""
-
-    pending: Interrupted | None = None
-
-    def raise_pending(self) -> None:
-        if self.pending is not None:
-            raise self.pending
-
-    def __enter__(self) -> None:
-        self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for signum in self.previous:
-            signal.signal(signum, self._raise)
-
-    def _raise(self, signum: int, frame: object) -> None:
-        for s in self.previous:  # a second signal must not interrupt the clean-up
-            signal.signal(s, signal.SIG_IGN)
-        execute.kill_all()
-        self.pending = Interrupted(signum)
-        raise self.pending
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
