@@ -93,6 +93,14 @@ def mark(text: str, item: Item, new_mark: str) -> str:
     )
 
 
+def present(path: Path) -> bool:
+    """A checklist file is there; a path the system refuses (a name too long) is not."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
+
+
 def read(path: Path) -> str:
     """The file's text exactly as stored (no newline translation)."""
     try:

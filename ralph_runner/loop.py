@@ -116,7 +116,7 @@ class Runner:
 
     def _preflight(self) -> None:
         """What would only fail at the first iteration fails now, at its line in the runbook."""
-        if not self.checklist_path.is_file():
+        if not checklist.present(self.checklist_path):
             where = self.plan.runbook.where(("checklist", "path"))
             raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
         committing = [

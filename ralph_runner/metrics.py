@@ -35,7 +35,11 @@ def textfile_path(plan: Plan) -> Path | None:
     if plan.model.metrics is None:
         return None
     path = plan.path(("metrics", "textfile"), plan.model.metrics.textfile)
-    if not path.parent.is_dir():
+    try:
+        missing = not path.parent.is_dir()
+    except OSError:  # a name the system refuses (too long)
+        missing = True
+    if missing:
         where = plan.runbook.where(("metrics", "textfile"))
         message = f"no such directory for the metrics textfile: {path.parent}"
         raise FatalError(replace(where, message=message))

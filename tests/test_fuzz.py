@@ -162,6 +162,11 @@ CRASHES = {
     "var renders to a function": ('vars: {f: "{{ range }}"}\n' + LOOP, None),
     "unknown tag": ("name: !python/object x\n" + LOOP, "could not determine a constructor"),
     "binary and timestamp values": ("vars: {b: !!binary aGk=, t: 2001-01-01}\n" + LOOP, None),
+    "checklist name too long": (f"checklist: {{path: {'C' * 300}.md}}\n" + LOOP, None),
+    "metrics directory name too long": (
+        f"metrics: {{textfile: {'d' * 300}/x.prom}}\n" + LOOP,
+        "no such directory for the metrics textfile",
+    ),
 }
 
 

@@ -182,7 +182,7 @@ def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Proble
 def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
     """Per-iteration variables as the first iteration would see them (read-only)."""
     path = p.path(("checklist", "path"), p.model.checklist.path)
-    text = checklist.read(path) if path.is_file() else ""
+    text = checklist.read(path) if checklist.present(path) else ""
     item = checklist.next_todo(text)
     item_vars = (
         {"text": item.text, "line": item.line, "index": item.index, "attempts": 0}
