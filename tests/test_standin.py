@@ -18,6 +18,7 @@ import psutil
 import pytest
 from httpx_sse import EventSource
 from standin_helpers import (
+    ROOT,
     StandIn,
     Stream,
     Target,
@@ -604,3 +605,14 @@ def test_agent_streams_and_a_death_mid_stream_fails_it(standin: StandIn, repo: P
     assert agent.returncode == 1, out + err
     assert "error in the stream: EngineCore encountered an issue." in err
     assert (repo / "CHECKLIST.md").read_bytes() == before
+
+
+def test_the_server_runs_on_the_standard_library_alone() -> None:
+    """The docker tier bind-mounts the stand-in into an image with nothing but python3: no
+    module of the server may need a package from PyPI (python -S: no site-packages)."""
+    modules = ["server", "engine", "wire", "vllm_log", "scripted"]
+    code = "; ".join(f"import ralph_runner.standin.{m}" for m in modules)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
