@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,6 @@ pytestmark = pytest.mark.timeout(120)  # a loaded 2-core CI machine: recoveries 
 
 ITEMS = ["add the road", "add the car", "add the controls"]
 STARTUP_LINE = "Application startup complete."
-
-
-@pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    built = Scenario(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def assert_no_strikes(scenario: Scenario, *runs) -> None:

@@ -68,15 +68,6 @@ class Receiver:
 
 
 @pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    built = Scenario(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
-
-
-@pytest.fixture
 def receivers() -> Iterator[list[Receiver]]:
     made: list[Receiver] = []
     yield made

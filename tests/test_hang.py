@@ -218,13 +218,6 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
 ITEMS = ["add the road", "add the car", "add the controls"]
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    made = Scenario(tmp_path)
-    yield made
-    made.close()
-
-
 def progress_probes(stall_after: float) -> list[dict]:
     """The vllm.yaml way, scaled: progress in every check, the fast endpoint, and a costly
     completion probe counted in iterations (due in the first iteration only)."""

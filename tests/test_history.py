@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from ralph_runner.history import History
 from ralph_runner.output import Output
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    built = Scenario(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def history_of(workdir: Path) -> tuple[list[dict], jsonl.Skipped]:

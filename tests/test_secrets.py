@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,6 @@ TOKEN = "sk-" + "Zq9" * 8  # an OpenAI-shaped key, masked whether or not `secret
 MASK = "****"
 # What the test itself wrote into the workdir (the operator's input, and the agent's commits).
 INPUTS = {"CHECKLIST.md", "PLAN.md"}
-
-
-@pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    built = Scenario(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def _leaky_runbook() -> dict:

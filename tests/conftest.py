@@ -1,0 +1,20 @@
+"""Fixtures shared by the test modules (helpers live in *_helpers.py beside them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Scenario
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Iterator[Scenario]:
+    """A workspace, a stand-in server and a runbook under tmp_path; whatever still runs at the
+    end (a failed test's ralph-run, its server) is killed."""
+    built = Scenario(tmp_path)
+    try:
+        yield built
+    finally:
+        built.close()
