@@ -171,6 +171,7 @@ def loop_overhead(bench: Bench) -> list[Row]:
     row = Row(f"loop, {LOOP_ITEMS} items, instant agent: wall time per iteration", [])
     steady: list[float] = []
     agent: list[float] = []
+    swapped: list[float] = []  # ralph-run with vfork spawns (bench/vfork.py)
     agent_loop = f'for i in $(seq {LOOP_ITEMS}); do {AGENTS / "instant.sh"} "the prompt"; done'
 
     def ours(rep: int) -> None:
@@ -193,13 +194,21 @@ def loop_overhead(bench: Bench) -> list[Row]:
         _all_ticked(work, LOOP_ITEMS, "the seed loop")
         row.seed.append(done.seconds / LOOP_ITEMS)
 
+    def vfork(rep: int) -> None:
+        work = workspace(bench.fresh("loop-vfork"), LOOP_ITEMS)
+        argv = [sys.executable, str(ROOT / "bench" / "vfork.py"), *ralph_run("loop.yaml")[3:]]
+        argv += ["-e", runbook_vars(bench.server)]
+        done = require(run_timed(argv, cwd=work, env=bench_env(bench.scratch), limit=300), "vfork")
+        _all_ticked(work, LOOP_ITEMS, "ralph-run (vfork)")
+        swapped.append(done.seconds / LOOP_ITEMS)
+
     def agent_alone(rep: int) -> None:
         work = workspace(bench.fresh("loop-agent"), LOOP_ITEMS)
         env = bench_env(bench.scratch)
         done = require(run_timed(["bash", "-c", agent_loop], cwd=work, env=env, limit=120), "agent")
         agent.append(done.seconds / LOOP_ITEMS)
 
-    alternate(LOOP_REPS, {"ours": ours, "seed": seed, "agent": agent_alone})
+    alternate(LOOP_REPS, {"ours": ours, "seed": seed, "vfork": vfork, "agent": agent_alone})
     alone = statistics.median(agent)
     row.target, row.met = "no worse than the seed", row.median("ours") <= row.median("seed")
     row.notes.append(
@@ -208,7 +217,12 @@ def loop_overhead(bench: Bench) -> list[Row]:
         f"{_ms(row.median('ours') - alone)}, seed {_ms(row.median('seed') - alone)}. "
         "ralph-run's figure includes its start-up "
         f"(Python, runbook load); from its first iteration to its summary: "
-        f"{_ms(statistics.median(steady))} per iteration."
+        f"{_ms(statistics.median(steady))} per iteration. What sh costs: the same ralph-run "
+        f"with its process start swapped for subprocess.Popen (vfork; bench/vfork.py, a "
+        f"measurement only) takes {_ms(statistics.median(swapped))} per iteration: sh forks "
+        "the interpreter for each of the iteration's 3 commands (agent, the prompt's git log, "
+        "verify's git status), and no option of sh 2.x avoids the fork (`python -m "
+        "bench.profile`)."
     )
     return [row]
 

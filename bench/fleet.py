@@ -23,9 +23,11 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import yaml
 
@@ -38,6 +40,7 @@ FAULTS = (
     {"die": True},
 )
 SAMPLE_EVERY = 2.0  # seconds between CPU/RSS samples of the ralph-run processes
+SPARE_EVERY = 8.0  # seconds between the spare stand-in's faults
 
 
 def runbook(agent_seconds: float, watch: float) -> dict[str, Any]:
@@ -119,6 +122,70 @@ def restart_seconds(server: Server, times: int = 3) -> float:
     return statistics.median(samples)
 
 
+class Spare:
+    """A stand-in outside the fleet that gets the same faults, in a loop, and is brought back
+    by the runbook's own recovery commands run by hand (a hung one stopped with SIGTERM, then
+    the start script): the restart time under the same load, the floor of any recovery."""
+
+    def __init__(self, server: Server, rng: random.Random) -> None:
+        self.server, self.rng = server, rng
+        self.seconds: dict[str, list[float]] = {}
+        self.stop = threading.Event()
+        server.start()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(SPARE_EVERY):
+            fault = self.rng.choice(FAULTS)
+            (kind,) = fault
+            self.server.state_dir.joinpath("control.json").write_text(json.dumps(fault))
+            if not self._broken(kind):
+                continue
+            started = time.monotonic()
+            if kind == "engine_hang":  # the runbook's `when: death.hung` step
+                pid = self.server.state_dir.joinpath("server.pid").read_text().strip()
+                subprocess.run(["kill", "-TERM", pid], check=False)
+            env = {**bench_env(self.server.state_dir), "HEALTH_TIMEOUT": "1"}
+            subprocess.run(
+                ["bash", str(START_SERVER), str(self.server.port), str(self.server.state_dir)],
+                env=env,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            self.seconds.setdefault(kind, []).append(time.monotonic() - started)
+
+    def _broken(self, kind: str) -> bool:
+        """Until the fault shows (as a probe sees it): up to 10 s."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if kind == "engine_hang":
+                    body = {"model": "stand-in", "prompt": "ping", "max_tokens": 1}
+                    httpx.post(f"{self.server.url}/completions", json=body, timeout=1)
+                else:
+                    httpx.get(f"{self.server.url}/models", timeout=1).raise_for_status()
+            except httpx.HTTPError:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def figures(self) -> dict[str, Any]:
+        every = sorted(x for samples in self.seconds.values() for x in samples)
+        return {
+            "restarts": len(every),
+            "p50": round(statistics.median(every), 2) if every else None,
+            "p95": round(_p95(every), 2) if every else None,
+            "by_fault": {k: round(statistics.median(v), 2) for k, v in self.seconds.items()},
+        }
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.95 * (len(ordered) - 1))]
+
+
 class Sampler:
     """CPU seconds and RSS of the ralph-run processes (parent + per-host children)."""
 
@@ -196,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (scratch / "events.jsonl").open("w")
     fleet = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=bench_env(scratch))
     sampler = Sampler(psutil.Process(fleet.pid))
+    spare = Spare(Server(scratch / "vllm" / "spare"), random.Random(args.seed + 1))
     injected = []
     started = time.monotonic()
     while (left := args.seconds - (time.monotonic() - started)) > 0:
@@ -204,9 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             break
         host, fault = rng.choice(hosts), rng.choice(FAULTS)
         servers[host].state_dir.joinpath("control.json").write_text(json.dumps(fault))
-        injected.append((round(time.monotonic() - started, 1), host, fault))
+        injected.append((time.time(), host, fault))
     wall = time.monotonic() - started
     cpu_before = dict(sampler.cpu)
+    spare.stop.set()
+    spare.thread.join(120)
     fleet.send_signal(signal.SIGTERM)
     code = fleet.wait(120)
     sampler.stop.set()
@@ -214,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for server in servers.values():
         server.kill()
     figures = summarise(scratch, hosts, injected, wall, cpu_before, sampler, floor, code)
+    figures["restart_under_fire"] = spare.figures()
     print(report(figures, args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
@@ -236,14 +307,21 @@ def summarise(
             events.append(json.loads(line))
     deaths = [e for e in events if e.get("event") == "death"]
     records, recoveries = 0, []
+    by_fault: dict[str, list[float]] = {}
     for host in hosts:
         path = scratch / "work" / host / "logs" / "deaths.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                records += record["event"] == "death"
-                if record["event"] == "recovery" and record["recovered"]:
-                    recoveries.append(record["seconds"])
+        if not path.exists():
+            continue
+        died_at: dict[int, float] = {}
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["event"] == "death":
+                records += 1
+                died_at[record["death"]] = datetime.fromisoformat(record["time"]).timestamp()
+            elif record["event"] == "recovery" and record["recovered"]:
+                recoveries.append(record["seconds"])
+                kind = _fault_before(injected, host, died_at.get(record["death"]))
+                by_fault.setdefault(kind, []).append(record["seconds"])
     rss = [max(samples) for samples in sampler.rss.values()]
     recoveries.sort()
     return {
@@ -256,7 +334,11 @@ def summarise(
         "strikes": sum(e.get("event") == "strike" for e in events),
         "items_done": sum(e.get("event") == "done" for e in events),
         "recovery_p50": statistics.median(recoveries) if recoveries else None,
-        "recovery_p95": recoveries[int(0.95 * (len(recoveries) - 1))] if recoveries else None,
+        "recovery_p95": _p95(recoveries) if recoveries else None,
+        "recovery_by_fault": {
+            k: {"n": len(v), "p50": statistics.median(v), "max": max(v)}
+            for k, v in sorted(by_fault.items())
+        },
         "restart_floor": round(floor, 2),
         "cpu_share_of_one_core": round(sum(cpu.values()) / wall, 3),
         "rss_per_loop_mib": round(statistics.median(rss) / 2**20, 1) if rss else None,
@@ -265,8 +347,24 @@ def summarise(
     }
 
 
+def _fault_before(injected: list, host: str, when: float | None) -> str:
+    """The kind of the last fault injected into `host` before a death (1 s of clock slack:
+    death times are whole seconds)."""
+    if when is None:
+        return "unknown"
+    kinds = [next(iter(f)) for at, h, f in injected if h == host and at <= when + 1]
+    return kinds[-1] if kinds else "none injected"
+
+
 def report(f: dict[str, Any], args: argparse.Namespace) -> str:
     p95, floor = f["recovery_p95"], f["restart_floor"]
+    spare = f.get("restart_under_fire") or {}
+    bar = spare.get("p95") or floor  # the restart under the same load, else the quiet one
+    by_fault = ", ".join(
+        f"{k} {v['p50']:.1f} / {v['max']:.1f} s ({v['n']})"
+        for k, v in f["recovery_by_fault"].items()
+    )
+    spared = ", ".join(f"{k} {v:.1f} s" for k, v in spare.get("by_fault", {}).items())
     rows = [
         (
             "hosts x seconds (agent mean, watch)",
@@ -286,9 +384,13 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> str:
         ("items done", str(f["items_done"]), ""),
         (
             "recovery p50 / p95 (target p95 <= restart + 2 s)",
-            f"{f['recovery_p50']} / {p95} s (restart {floor} s)",
-            "yes" if p95 is not None and p95 <= floor + 2 else "**no**",
+            f"{f['recovery_p50']} / {p95} s (the same restart without ralph-run, under the "
+            f"same load: p50 {spare.get('p50')} / p95 {spare.get('p95')} s over "
+            f"{spare.get('restarts', 0)}; on a quiet machine {floor} s)",
+            "yes" if p95 is not None and p95 <= bar + 2 else "**no**",
         ),
+        ("recovery by fault: p50 / max (n)", by_fault, ""),
+        ("the same restart by hand, by fault (p50)", spared, ""),
         (
             "ralph-run processes' CPU (target < 20% of one core)",
             f"{100 * f['cpu_share_of_one_core']:.1f}%",

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import pstats
 import shutil
 import statistics
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import sh
 
 from bench.cases import LOCAL, LOOP_ITEMS
 from bench.stand import (
@@ -94,9 +96,22 @@ def healthy_parts(server: Server, scratch: Path) -> None:
 
 
 def spawn_costs() -> None:
+    """sh under every option that could matter, against the standard library's vfork and
+    posix_spawn, in this process (which has ralph-run's modules loaded, as a loop has)."""
     print("\nstarting one command (`true`), median per call:")
     timed(
         "ralph_runner.execute.run(['true'])  (sh, own session)", lambda: execute.run(["true"]), 100
+    )
+    true = sh.Command("true")
+    for label, options in SH_OPTIONS.items():
+        timed(
+            f"sh: true(_tty_out=False, {label})",
+            lambda o=options: true(_tty_out=False, _return_cmd=True, **o).wait(),
+            100,
+        )  # type: ignore[misc]
+    timed("os.fork() + os._exit(0) in the child: the fork alone", _fork_alone, 100)
+    timed(
+        "os.posix_spawn('/bin/true')", lambda: os.waitpid(os.posix_spawn(TRUE, [TRUE], {}), 0), 100
     )
     timed(
         "subprocess.run(['true'], start_new_session=True)",
@@ -115,6 +130,24 @@ def spawn_costs() -> None:
     ).stdout.split()
     mean = (float(out[1]) - float(out[0])) * 5
     print(f"  {'bash: /bin/true in a loop, mean of 200':58} {mean:7.3f} ms")
+
+
+SH_OPTIONS: dict[str, dict[str, object]] = {
+    "nothing else": {},
+    "_new_session=True": {"_new_session": True},
+    "_close_fds=False": {"_close_fds": False},
+    "_no_out, _no_err": {"_no_out": True, "_no_err": True},
+    "_out=/dev/null": {"_out": os.devnull, "_err": os.devnull},
+    "_bg=True, then .wait()": {"_bg": True},
+}
+TRUE = "/bin/true"
+
+
+def _fork_alone() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def loop_profile(server: Server, scratch: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: no {cases.ANSIBLE_PLAYBOOK}: install ansible-core", file=sys.stderr)
         return 2
 
+    # ralph-run as pip installs it: bytecode compiled. A checkout run with
+    # PYTHONDONTWRITEBYTECODE (as on CI machines) would compile every module at every start.
+    compileall.compile_dir(ROOT / "ralph_runner", quiet=1)
     scratch = Path(tempfile.mkdtemp(prefix="ralph-bench-"))
     machine = describe_machine()
     server = Server(scratch / "server")

@@ -22,7 +22,9 @@ import contextlib
 import ctypes
 import fcntl
 import logging
+import math
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -387,10 +389,10 @@ class _Watchdog:
             os.close(fd)
         process, self.process = self.process, None
         if process is not None:
-            try:
-                process.wait(timeout=5)
-            except sh.TimeoutException:
-                kill_tree(process.pid)
+            with _exit_watch(process) as exited:
+                if not exited(5):
+                    kill_tree(process.pid)
+            process.wait()
 
 
 _watchdog = _Watchdog()
@@ -410,28 +412,47 @@ def watchdog() -> Iterator[None]:
 def _wait(
     running: _Running, started: float, timeout: float | None, cancel: threading.Event | None
 ) -> str | None:
-    """Wait for the command; on timeout or cancel kill its tree and say which happened."""
-    finished = threading.Event()
-
-    def reap() -> None:
-        try:
-            running.command.wait()  # waitpid, then drain the output (sh gives up after 2 s)
-        finally:
-            finished.set()
-
-    threading.Thread(target=reap, name=f"reap {running.pid}", daemon=True).start()
+    """Wait for the command; on timeout or cancel kill its tree and say which happened. The
+    command is reaped by sh here (waitpid, then its output drained: sh gives up after 2 s)."""
     deadline = None if timeout is None else started + timeout
-    while not finished.wait(_POLL if deadline is None else _clamp(deadline, _POLL)):
-        reason = None
-        if cancel is not None and cancel.is_set():
-            reason = "cancel"
-        elif deadline is not None and time.monotonic() >= deadline:
-            reason = "timeout"
-        if reason:
-            kill_tree(running.pid)
-            finished.wait()
-            return reason
-    return None
+    reason = None
+    with _exit_watch(running.command) as exited:
+        while not exited(_POLL if deadline is None else _clamp(deadline, _POLL)):
+            if cancel is not None and cancel.is_set():
+                reason = "cancel"
+            elif deadline is not None and time.monotonic() >= deadline:
+                reason = "timeout"
+            if reason:
+                kill_tree(running.pid)
+                break
+    running.command.wait()
+    return reason
+
+
+@contextlib.contextmanager
+def _exit_watch(command: sh.RunningCommand) -> Iterator[Callable[[float], bool]]:
+    """`exited(seconds)`: has the command exited, waiting at most that long? Its pidfd tells
+    without reaping it (Linux 5.3+: no thread per command); on older kernels a thread reaps it."""
+    try:
+        pidfd = os.pidfd_open(command.pid)
+    except OSError:
+        finished = threading.Event()
+
+        def reap() -> None:
+            try:
+                command.wait()
+            finally:
+                finished.set()
+
+        threading.Thread(target=reap, name=f"reap {command.pid}", daemon=True).start()
+        yield finished.wait
+        return
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)  # readable once the process has exited
+        yield lambda seconds: bool(poller.poll(math.ceil(seconds * 1000)))
+    finally:
+        os.close(pidfd)
 
 
 def _kill_unregistered_children() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from ralph_runner.watch import Watch
 EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
+QUICK = {"ensure_alive", "verify"}  # steps of milliseconds: status.json skips them (a death saves)
 
 
 class Runner:
@@ -55,6 +57,9 @@ class Runner:
         self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
         self._partial_line = ""
         self.signals = execute.InterruptsRaise()
+        # The checklist's counts for status.json and death records, read again only after
+        # something that can change the file ran (a process step, a recovery, a skip).
+        self._counts: checklist.Counts | None = None
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -81,13 +86,15 @@ class Runner:
                 [self.store.dir, death_log.log_path, death_log.records_path],
                 self.ignore,
             )
-            self.in_repo = git.is_repo(self.plan.workdir)
             self.housekeeping = housekeeping.filter_for(self.plan.workdir, self.ignore)
             health = health_for(self.plan)
             self.service = Service(
                 self.plan, health, death_log, self.state, self._save, self.stop, self.output.event
             )
             self.health = health
+            # What imports and the runbook's load made lives as long as the run: the collector
+            # need not walk it again and again (it was ~1 ms of every iteration).
+            gc.freeze()
             try:
                 code = self._loop()
                 state.move(self.state, "finished" if code == EXIT_DONE else "stopped")
@@ -124,7 +131,8 @@ class Runner:
             for spec in self.plan.runbook.loop_steps
             if spec.kind == "verify" and (spec.params is None or spec.params.committed)
         ]
-        if committing and not git.is_repo(self.plan.workdir):
+        self.in_repo = git.is_repo(self.plan.workdir)
+        if committing and not self.in_repo:
             message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
             raise FatalError(replace(committing[0].where, message=message))
 
@@ -147,6 +155,7 @@ class Runner:
         while True:
             self.signals.raise_pending()
             text = checklist.read(self.checklist_path)
+            self._counts = checklist.counts(text)
             item = checklist.next_todo(text)
             if item is None:
                 self._summary(text)
@@ -154,9 +163,9 @@ class Runner:
             if limit and self.state.iteration >= limit:
                 self._summary(text, stopped=True)
                 return EXIT_MAX_ITERATIONS
-            self._iteration(item, text)
+            self._iteration(item)
 
-    def _iteration(self, item: checklist.Item, text: str) -> None:
+    def _iteration(self, item: checklist.Item) -> None:
         st = self.state
         st.iteration += 1
         st.current_item = item.text
@@ -164,7 +173,7 @@ class Runner:
         deaths_before = st.deaths
         self.failed_step, self.after = None, None
         self.before, self.known = self.known or self._snapshot(), None
-        variables = self._variables(item, text)
+        variables = self._variables(item)
         self.output.event(
             "iteration",
             iteration=st.iteration,
@@ -228,7 +237,8 @@ class Runner:
 
     def _step(self, spec: TaskSpec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
         self.state.phase = spec.name
-        self._save(status_only=True)  # the phase is for people watching; the state has not moved
+        if spec.kind not in QUICK:
+            self._save(status_only=True)  # for people watching; the state has not moved
         self.output.event("step", step=spec.name, action=spec.kind)
         started = time.monotonic()
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
@@ -236,6 +246,8 @@ class Runner:
             watch_every = 0
         with Watch(self.health, watch_every, self.state.iteration) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
+        if spec.kind not in UNWATCHED:
+            self._counts = None  # the agent may have ticked its item
         self.signals.raise_pending()  # the step was killed by a signal: no strike for it
         self._flush_output()
         ok = result.ok
@@ -363,6 +375,7 @@ class Runner:
                 message = f"skip: {item.text} ({strikes} failures)"
                 git.commit_paths(self.plan.workdir, message, self.checklist_path)
                 self.known = None  # HEAD moved
+        self._counts = None
         self.state.strikes.pop(item.text, None)
         self.output.event("skip", item=item.text, strikes=strikes)
 
@@ -388,7 +401,10 @@ class Runner:
     def _ensure_alive(self, phase: str, context: dict[str, Any] | None = None) -> None:
         self.state.phase = phase
         facts = {**self._facts(), **({"context": context} if context else {})}
+        deaths = self.state.deaths
         self.service.ensure_alive(phase, facts, self.state.iteration)
+        if self.state.deaths != deaths:
+            self._counts = None  # recovery steps ran
 
     def look_at_tree(self) -> git.Snapshot | None:
         """The work tree now, for verify; kept as what the next iteration starts from."""
@@ -402,8 +418,8 @@ class Runner:
             return None
         return git.snapshot(self.plan.workdir).without(self.housekeeping)
 
-    def _variables(self, item: checklist.Item, text: str) -> dict[str, Any]:
-        counts = checklist.counts(text)
+    def _variables(self, item: checklist.Item) -> dict[str, Any]:
+        counts = self._checklist_counts()
         item_vars = {
             "text": item.text,
             "line": item.line,
@@ -426,9 +442,14 @@ class Runner:
         self.iteration_vars = variables
         return variables
 
+    def _checklist_counts(self) -> checklist.Counts:
+        if self._counts is None:
+            self._counts = checklist.counts(checklist.read(self.checklist_path))
+        return self._counts
+
     def _facts(self) -> dict[str, Any]:
         variables = self.iteration_vars
-        counts = checklist.counts(checklist.read(self.checklist_path))
+        counts = self._checklist_counts()
         return {
             "iteration": self.state.iteration,
             "item": variables.get("item"),
@@ -452,7 +473,7 @@ class Runner:
         self.output.event("warning", message=message)
 
     def _status(self) -> dict[str, Any]:
-        counts = checklist.counts(checklist.read(self.checklist_path))
+        counts = self._checklist_counts()
         st = self.state
         return {
             "status": st.status,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +25,18 @@ def recorded(state_dir: Path) -> Iterator[None]:
     """Clear the orphans of an earlier run, then record ours until the block ends."""
     path = state_dir / FILE
     clear(path)
-    execute.on_running_change(lambda pids: _write(path, pids))
+    try:
+        record: _Record | None = _Record(path)
+    except OSError:  # best effort: the watchdog remains
+        record = None
+    execute.on_running_change(record.write if record else None)
     try:
         yield
     finally:
         execute.on_running_change(None)
-        path.unlink(missing_ok=True)
+        if record is not None:
+            record.close()
+            path.unlink(missing_ok=True)
 
 
 def clear(path: Path) -> None:
@@ -47,12 +54,26 @@ def clear(path: Path) -> None:
             execute.kill_tree(entry["pid"])
 
 
-def _write(path: Path, pids: list[int]) -> None:
-    entries = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            entries.append({"pid": pid, "started": psutil.Process(pid).create_time()})
-    temp = path.with_suffix(".tmp")
-    with contextlib.suppress(OSError):  # best effort: never fail a command for this
-        temp.write_text(json.dumps(entries))
-        temp.replace(path)
+class _Record:
+    """The file, rewritten in place by one pwrite per change (a command starts once per step:
+    this is on the loop's hot path). Padding with spaces to the longest record so far keeps it
+    one valid JSON document after any write, and a kill -9 cannot split a single write.
+    Nothing is fsynced: a power cut leaves no process to clear."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.size = 0
+
+    def write(self, pids: list[int]) -> None:
+        entries = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                entries.append({"pid": pid, "started": psutil.Process(pid).create_time()})
+        data = json.dumps(entries).encode("ascii")
+        data += b" " * (self.size - len(data))
+        with contextlib.suppress(OSError):  # best effort: never fail a command for this
+            os.pwrite(self.fd, data, 0)
+            self.size = len(data)
+
+    def close(self) -> None:
+        os.close(self.fd)

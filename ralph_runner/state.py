@@ -1,7 +1,8 @@
 """The loop's durable state under <workdir>/.ralph/: a killed run restarts where it stopped.
 
-Every file here is replaced atomically (temp file, fsync, rename, fsync of the directory), so a
-run killed with SIGKILL or a power cut leaves either the old or the new content, never half of it.
+Every file here is replaced atomically (temp file, rename), so a run killed with SIGKILL leaves
+either the old or the new content, never half of it; state.json is also fsynced (file and
+directory) whenever strikes, deaths or the run's status change, so a power cut loses none of them.
 One run at a time owns a workdir: `.ralph/lock` is held with flock, which the kernel releases when
 the holder dies, so a lock left behind by a killed run is simply taken over.
 """
@@ -47,6 +48,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 # A run that starts from these starts over (iteration 0); from the others it resumes.
 STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken"})
+
+# What changes at every iteration and step: saved with a rename, fsynced with the rest only (a
+# power cut may set the iteration count back by the healthy iterations since).
+VOLATILE = frozenset({"iteration", "current_item", "phase"})
 
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
 
@@ -190,6 +195,7 @@ class Store:
         self.state_path = self.dir / "state.json"
         self.status_path = self.dir / "status.json"
         self.lock_path = self.dir / "lock"
+        self._durable: dict[str, Any] | None = None  # the state as last fsynced, less VOLATILE
 
     def load(self) -> State:
         """The saved state, or a fresh one when this workdir has never been run."""
@@ -202,7 +208,15 @@ class Store:
             raise self._corrupt(self.state_path, str(e)) from None
 
     def save(self, state: State) -> None:
-        self._write_json(self.state_path, state.to_dict())
+        """Replace state.json atomically (a kill -9 loses nothing); fsync it only when more than
+        the iteration in hand changed (VOLATILE): strikes, deaths and the run's status survive a
+        power cut too, and the two saves of every healthy iteration cost no disk flush."""
+        data = state.to_dict()
+        lasting = {k: v for k, v in data.items() if k not in VOLATILE}
+        durable = lasting != self._durable
+        self._write_json(self.state_path, data, durable=durable)
+        if durable:
+            self._durable = lasting
 
     def write_status(self, status: dict[str, Any]) -> None:
         """A snapshot that a cron job or a person can read without parsing logs. Only a view of

@@ -11,6 +11,7 @@ old server's whole group (the Worker orphaned by a killed EngineCore included) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
@@ -60,11 +61,33 @@ class Loop:
         self.run = RalphRun([*command, "-e", json.dumps(facts)], self.workspace)
 
     def wait_agent_generating(self, iteration: int) -> None:
-        """Until the agent step of `iteration` runs and its request's tokens flow."""
+        """Until the agent step of `iteration` runs and its request's tokens flow.
+
+        Asked of the processes, not of /metrics: while the CPU engine generates, its API server
+        gets so little of the two cores that a scrape can wait until the generation is over."""
         self.run.wait_agent(iteration, timeout=120)
-        wait_until(self.engine.generating, 60, "the agent's request to generate")
+        wait_until(self.request_in_flight, 60, "the agent's request to reach the engine")
+        wait_until(self.engine_working, 60, "the engine to work on the agent's request")
         status = self.run.status()
         assert status["iteration"] == iteration and status["phase"] == AGENT_STEP, status
+
+    def request_in_flight(self) -> bool:
+        """The agent's curl holds a connection to the engine's port."""
+        for pid in self.agents_left():
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                if process.name() == "curl" and any(
+                    c.raddr and c.raddr.port == self.engine.port and c.status == "ESTABLISHED"
+                    for c in process.net_connections("tcp")
+                ):
+                    return True
+        return False
+
+    def engine_working(self) -> bool:
+        """VLLM::EngineCore burns most of a core: it runs the model."""
+        with contextlib.suppress(psutil.Error):
+            return self.engine.engine_core().cpu_percent(interval=0.5) > 50
+        return False
 
     def finish(self) -> int:
         try:
