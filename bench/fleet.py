@@ -13,6 +13,7 @@ per loop. Prints a markdown summary; `--json FILE` keeps the figures.
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import json
 import random
@@ -31,7 +32,7 @@ import httpx
 import psutil
 import yaml
 
-from bench.stand import START_SERVER, Server, bench_env, workspace
+from bench.stand import ROOT, START_SERVER, Server, bench_env, workspace
 
 FAULTS = (
     {"engine_death": True},
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    compileall.compile_dir(ROOT / "ralph_runner", quiet=1)  # as installed: bytecode compiled
     scratch = Path(tempfile.mkdtemp(prefix="ralph-fleet-"))
     hosts = [f"gpu-{n:02d}" for n in range(1, args.hosts + 1)]
     servers = {h: Server(scratch / "vllm" / h) for h in hosts}

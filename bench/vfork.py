@@ -12,10 +12,8 @@ registration, so a kill -9 of this process could leave its commands running.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,24 +29,15 @@ class _Process:
 class _Command:
     """What execute.py reads of a started sh command: pid, wait(), process.exit_code."""
 
-    def __init__(self, popen: subprocess.Popen, tail: execute._OutputTail) -> None:
+    def __init__(self, popen: subprocess.Popen) -> None:
         self.popen, self.pid, self.process = popen, popen.pid, _Process()
-        self._reader = threading.Thread(target=self._read, args=(tail,), daemon=True)
-        self._reader.start()
-
-    def _read(self, tail: execute._OutputTail) -> None:
-        assert self.popen.stdout is not None
-        while chunk := os.read(self.popen.stdout.fileno(), 64 * 1024):
-            tail.write(chunk)
 
     def wait(self) -> int:
-        code = self.popen.wait()
-        self._reader.join(2)  # as sh: a grandchild holding the pipe open is not waited for
-        self.process.exit_code = code
-        return code
+        self.process.exit_code = self.popen.wait()
+        return self.process.exit_code
 
 
-def _start(program, args, cwd, env, stdin, lifeline, tail):
+def _start(program, args, cwd, env, stdin, lifeline, output):
     source = subprocess.PIPE if stdin is not None else lifeline[0] if lifeline else None
     with execute._registry_lock:
         popen = subprocess.Popen(
@@ -56,14 +45,14 @@ def _start(program, args, cwd, env, stdin, lifeline, tail):
             cwd=cwd,
             env=env,
             stdin=source if source is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=output,  # execute.run reads the pipe, as it does for sh
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         if stdin is not None and popen.stdin is not None:
             popen.stdin.write(stdin.encode())
             popen.stdin.close()
-        running = execute._Running(_Command(popen, tail))  # type: ignore[arg-type]
+        running = execute._Running(_Command(popen))  # type: ignore[arg-type]
         execute._running[running.pid] = running
         execute._changed()
     return running

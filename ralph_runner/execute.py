@@ -48,7 +48,10 @@ logging.getLogger("sh").setLevel(logging.WARNING)
 DEFAULT_MAX_OUTPUT = 64 * 1024
 CANNOT_START = 127  # what a shell reports for a command it cannot run
 _READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
-_POLL = 0.05  # seconds between checks of `cancel` and the deadline
+_POLL = 0.25  # seconds between checks of `cancel` and the deadline (output and exit wake at once)
+_REAP_POLL = 0.05  # ... where no pidfd tells the exit (a thread reaps the command)
+_GONE_POLL = 0.01  # seconds between looks at a killed tree
+DRAIN = 2.0  # seconds the output may go on after the command ended (a grandchild holding it)
 KILL_GRACE = 2.0  # seconds between TERM and KILL
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -195,22 +198,25 @@ def run(
 
     tail = _OutputTail(max_output, on_output)
     lifeline = os.pipe() if hold_stdin and stdin is None else None
+    pipe_out, pipe_in = os.pipe()  # the command's stdout and stderr, read here
     try:
         try:
-            running = _start(program, argv[1:], cwd, full_env, stdin, lifeline, tail)
+            running = _start(program, argv[1:], cwd, full_env, stdin, lifeline, pipe_in)
         except (sh.ForkException, OSError) as error:
             return cannot_start(f"cannot start {command}: {_last_line(str(error))}")
         finally:
+            os.close(pipe_in)
             if lifeline is not None:
                 os.close(lifeline[0])  # the child has its own copy now
         try:
-            stopped = _wait(running, started, timeout, cancel)
+            stopped = _wait(running, started, timeout, cancel, _Watched(running, pipe_out, tail))
         finally:
             with _registry_lock:
                 _running.pop(running.pid, None)  # no _changed(): a dead pid in the record is
                 # harmless (its start time no longer matches), and it saves a write per command
             _watchdog.tell(f"-{running.pid}")
     finally:
+        os.close(pipe_out)
         if lifeline is not None:
             os.close(lifeline[1])  # EOF on the command's stdin
     tail.close()
@@ -267,7 +273,7 @@ def _start(
     env: dict[str, str] | None,
     stdin: str | None,
     lifeline: tuple[int, int] | None,
-    tail: _OutputTail,
+    output: int,
 ) -> _Running:
     """Start the command and register it, atomically as far as kill_all is concerned."""
     options: dict[str, Any] = {
@@ -276,10 +282,9 @@ def _start(
         "_new_session": True,  # its own session and process group: a kill reaches the tree
         "_tty_out": False,
         "_err_to_out": True,
-        "_out": tail,
-        "_no_out": True,  # sh keeps no copy of the output: memory stays flat
-        "_no_err": True,
-        "_out_bufsize": 0,  # hand each read on at once (read size raised below)
+        # A file descriptor: sh starts no reader thread (one that would wake every 0.1 s for
+        # as long as the command runs); run() reads the pipe, in the same poll as the exit.
+        "_out": output,
         "_ok_code": range(-64, 256),  # every status is an answer, not an exception
         "_preexec_fn": _dies_with(os.getpid(), _watchdog.fd),  # in the child, after setsid
     }
@@ -301,11 +306,6 @@ def _start(
             _kill_unregistered_children()
             raise
         _changed()
-    # sh reads 1 byte at a time when unbuffered. A number N would read N bytes but also hold
-    # output back until N bytes piled up; line buffering would keep a newline-less stream
-    # (progress bars) in memory. So: unbuffered, with sh's read size raised to _READ_SIZE.
-    # The 100 MB output test fails (times out) if this attribute ever stops being sh's read size.
-    command.process._stdout_stream.bufsize = _READ_SIZE
     return running
 
 
@@ -389,9 +389,8 @@ class _Watchdog:
             os.close(fd)
         process, self.process = self.process, None
         if process is not None:
-            with _exit_watch(process) as exited:
-                if not exited(5):
-                    kill_tree(process.pid)
+            if not _exits_within(process.pid, 5):
+                kill_tree(process.pid)
             process.wait()
 
 
@@ -410,14 +409,21 @@ def watchdog() -> Iterator[None]:
 
 
 def _wait(
-    running: _Running, started: float, timeout: float | None, cancel: threading.Event | None
+    running: _Running,
+    started: float,
+    timeout: float | None,
+    cancel: threading.Event | None,
+    watched: _Watched,
 ) -> str | None:
-    """Wait for the command; on timeout or cancel kill its tree and say which happened. The
-    command is reaped by sh here (waitpid, then its output drained: sh gives up after 2 s)."""
+    """Read the command's output until it exits; on timeout or cancel kill its tree and say
+    which happened. Then the rest of its output, and sh reaps it."""
     deadline = None if timeout is None else started + timeout
     reason = None
-    with _exit_watch(running.command) as exited:
-        while not exited(_POLL if deadline is None else _clamp(deadline, _POLL)):
+    try:
+        while not watched.exited:
+            watched.wait(_POLL if deadline is None else _clamp(deadline, _POLL))
+            if watched.exited:
+                break
             if cancel is not None and cancel.is_set():
                 reason = "cancel"
             elif deadline is not None and time.monotonic() >= deadline:
@@ -425,34 +431,93 @@ def _wait(
             if reason:
                 kill_tree(running.pid)
                 break
+        watched.drain(DRAIN)
+    finally:
+        watched.close()
     running.command.wait()
     return reason
 
 
-@contextlib.contextmanager
-def _exit_watch(command: sh.RunningCommand) -> Iterator[Callable[[float], bool]]:
-    """`exited(seconds)`: has the command exited, waiting at most that long? Its pidfd tells
-    without reaping it (Linux 5.3+: no thread per command); on older kernels a thread reaps it."""
+def _exits_within(pid: int, seconds: float) -> bool:
+    """Has our child `pid` exited (not reaped: sh does) within `seconds`?"""
+    deadline = time.monotonic() + seconds
     try:
-        pidfd = os.pidfd_open(command.pid)
+        pidfd = os.pidfd_open(pid)
     except OSError:
-        finished = threading.Event()
-
-        def reap() -> None:
-            try:
-                command.wait()
-            finally:
-                finished.set()
-
-        threading.Thread(target=reap, name=f"reap {command.pid}", daemon=True).start()
-        yield finished.wait
-        return
+        while not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_REAP_POLL)
+        return True
     try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)  # readable once the process has exited
-        yield lambda seconds: bool(poller.poll(math.ceil(seconds * 1000)))
+        return bool(select.select([pidfd], [], [], seconds)[0])
     finally:
         os.close(pidfd)
+
+
+class _Watched:
+    """A command's output pipe and its exit in one poll: output is handed on as it comes, the
+    exit is seen at once, and nothing wakes in between. The exit comes from the process's pidfd
+    (Linux 5.3+), which does not reap it (sh does); on older kernels a thread reaps it."""
+
+    def __init__(self, running: _Running, output: int, tail: _OutputTail) -> None:
+        self.command, self.output, self.tail = running.command, output, tail
+        self.poller = select.poll()
+        self.poller.register(output, select.POLLIN)
+        self.open = True  # the pipe has not reached end-of-file
+        self.exited = False
+        self.reaped: threading.Event | None = None
+        try:
+            self.pidfd: int | None = os.pidfd_open(running.pid)
+        except OSError:
+            self.pidfd = None
+            self.reaped = threading.Event()
+            threading.Thread(target=self._reap, name=f"reap {running.pid}", daemon=True).start()
+        else:
+            self.poller.register(self.pidfd, select.POLLIN)
+
+    def _reap(self) -> None:
+        assert self.reaped is not None
+        try:
+            self.command.wait()
+        finally:
+            self.reaped.set()
+
+    def wait(self, seconds: float) -> None:
+        """Hand on what output comes, note the exit; at most `seconds`."""
+        if self.reaped is not None:
+            seconds = min(seconds, _REAP_POLL)
+        for fd, _ in self.poller.poll(math.ceil(seconds * 1000)):
+            if fd == self.output:
+                self._read()
+            elif fd == self.pidfd:
+                self.exited = True
+                self.poller.unregister(fd)  # readable from now on: stop asking
+        if self.reaped is not None and self.reaped.is_set():
+            self.exited = True
+
+    def drain(self, seconds: float) -> None:
+        """The output still in the pipe, until end-of-file or `seconds` (a grandchild that keeps
+        the pipe open after the command ended is not waited for)."""
+        if self.pidfd is not None and not self.exited:
+            self.poller.unregister(self.pidfd)
+        deadline = time.monotonic() + seconds
+        while self.open and (left := deadline - time.monotonic()) > 0:
+            if not self.poller.poll(math.ceil(left * 1000)):
+                return
+            self._read()
+
+    def _read(self) -> None:
+        chunk = os.read(self.output, _READ_SIZE)
+        if chunk:
+            self.tail.write(chunk)
+        else:
+            self.open = False
+            self.poller.unregister(self.output)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
 
 
 def _kill_unregistered_children() -> None:
@@ -494,7 +559,7 @@ def _wait_gone(processes: list[psutil.Process], grace: float) -> list[psutil.Pro
         processes = [p for p in processes if _alive(p)]
         if not processes or time.monotonic() >= deadline:
             return processes
-        time.sleep(_POLL / 5)
+        time.sleep(_GONE_POLL)
 
 
 def _alive(process: psutil.Process) -> bool:
