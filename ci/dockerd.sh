@@ -31,8 +31,9 @@ alive() {  # PID: a live dockerd, not a recycled pid
 
 our_pid() { cat "$PID_FILE" 2>/dev/null || true; }
 
-daemon_pid() {  # the dockerd serving our data root, however it was started
-  pgrep -f -- "^dockerd .*--data-root $DATA_ROOT( |$)" | head -n 1 || true
+daemon_pid() {  # the dockerd serving our data root, however it was started (for a moment after
+  # setsid forks, its child is still `setsid dockerd ...`, before it execs dockerd)
+  pgrep -f -- "^(setsid )?dockerd .*--data-root $DATA_ROOT( |$)" | head -n 1 || true
 }
 
 poll() {  # SECONDS COMMAND...: until COMMAND succeeds; 1 when the time is up
