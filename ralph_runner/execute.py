@@ -79,11 +79,9 @@ class Result:
 
 
 class _OutputTail:
-    """Receives output chunks from sh's reader thread and keeps only the last `limit` bytes.
-
-    A file-like sink (not a plain callable) so that sh hands over raw bytes: byte counts stay
-    exact and a UTF-8 character split across two reads is decoded whole.
-    """
+    """Receives the output as read from the command's pipe and keeps only the last `limit`
+    bytes: raw bytes, so byte counts stay exact and a UTF-8 character split across two reads is
+    decoded whole."""
 
     def __init__(self, limit: int, on_output: Callable[[str], None] | None) -> None:
         self.limit = max(limit, 0)
@@ -105,8 +103,8 @@ class _OutputTail:
             self._notify(self._decoder.decode(b"", final=True))
 
     def _notify(self, text: str) -> None:
-        # The callback runs in sh's reader thread: if it raised there, reading would stop and a
-        # chatty command would block forever on a full pipe. Report once and stop calling it.
+        # The callback runs while the command's pipe is read: if it raised, reading would stop
+        # and a chatty command would block forever on a full pipe. Report once, stop calling it.
         if not text or self._on_output is None:
             return
         try:
@@ -278,7 +276,7 @@ def _start(
     """Start the command and register it, atomically as far as kill_all is concerned."""
     options: dict[str, Any] = {
         "_bg": True,
-        "_bg_exc": False,  # we read the exit code ourselves; no exception from sh's threads
+        "_bg_exc": False,  # we read the exit code ourselves; no exception from sh's thread
         "_new_session": True,  # its own session and process group: a kill reaches the tree
         "_tty_out": False,
         "_err_to_out": True,
