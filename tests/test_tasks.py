@@ -324,7 +324,12 @@ def test_wait_pauses_and_wakes_at_once_on_sigterm(tmp_path):
     )
     process = subprocess.Popen(book.argv(), cwd=book.root, stdout=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (book.out / "after").exists(), 15, "the step after the wait")
+        # the shell creates the file before `date` writes into it: wait for the line
+        wait_for(
+            lambda: (book.out / "after").exists() and book.read("after").endswith("\n"),
+            15,
+            "the step after the wait",
+        )
         assert float(book.read("after")) - float(book.read("before")) >= 0.5
         wait_for(lambda: phase(book) == "long wait", 10, "the long wait to start")
         started = time.monotonic()
