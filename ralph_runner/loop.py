@@ -93,7 +93,7 @@ class Runner:
             )
             self.health = health
             # What imports and the runbook's load made lives as long as the run: the collector
-            # need not walk it again and again (it was ~1 ms of every iteration).
+            # need not walk it again and again (its oldest generation took ~0.6 ms an iteration).
             gc.freeze()
             try:
                 code = self._loop()
