@@ -169,6 +169,7 @@ class Runner:
         st = self.state
         st.iteration += 1
         st.current_item = item.text
+        st.phase = None  # not the last iteration's verify: QUICK steps write no status
         self._save()
         deaths_before = st.deaths
         self.failed_step, self.after = None, None

@@ -2,7 +2,8 @@
 
 Every command runs in its own session, so a SIGKILLed ralph-run cannot take its agent down
 with it. While a loop runs, `.ralph/running.json` lists the running commands (pid + start
-time, so a recycled pid is never hit); the next run on the workdir kills what is left.
+time in clock ticks since boot, so a recycled pid is never hit); the next run on the workdir
+kills what is left.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
-from ralph_runner import execute
+from ralph_runner import execute, watchdog
 
 FILE = "running.json"
 
@@ -45,13 +44,10 @@ def clear(path: Path) -> None:
         entries = json.loads(path.read_text())
     except (OSError, ValueError):
         return
-    for entry in entries:
-        try:
-            alive = psutil.Process(entry["pid"]).create_time() == entry["started"]
-        except (psutil.Error, KeyError, TypeError):
-            continue
-        if alive:
-            execute.kill_tree(entry["pid"])
+    for entry in entries if isinstance(entries, list) else []:
+        pid = entry.get("pid") if isinstance(entry, dict) else None
+        if isinstance(pid, int) and pid > 0 and watchdog.start_time(pid) == entry.get("started"):
+            execute.kill_tree(pid)
 
 
 class _Record:
@@ -65,10 +61,8 @@ class _Record:
         self.size = 0
 
     def write(self, pids: list[int]) -> None:
-        entries = []
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                entries.append({"pid": pid, "started": psutil.Process(pid).create_time()})
+        started = {pid: watchdog.start_time(pid) for pid in pids}
+        entries = [{"pid": pid, "started": at} for pid, at in started.items() if at is not None]
         data = json.dumps(entries).encode("ascii")
         data += b" " * (self.size - len(data))
         with contextlib.suppress(OSError):  # best effort: never fail a command for this

@@ -43,7 +43,7 @@ def _register(line: str, leaders: dict[int, int]) -> None:
         return
     pid = int(line[1:])
     if line[0] == "+":
-        start = _start_time(pid)
+        start = start_time(pid)
         if start is not None:
             leaders[pid] = start
     elif line[0] == "-":
@@ -88,7 +88,9 @@ def _processes() -> dict[int, tuple[int, int, int]]:
     return table
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
+    """When pid started, in clock ticks since boot: fixed for the process's life, unlike a
+    wall-clock start time (psutil adds /proc/stat's btime, which moves with the clock)."""
     fields = _stat(pid)
     return None if fields is None else int(fields[19])
 

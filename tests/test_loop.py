@@ -153,6 +153,7 @@ class Loop:
         self.work = tmp_path / "work"
         self.runbook = tmp_path / "runbook.yaml"
         self.state_path = self.work / ".ralph" / "state.json"
+        self.status_path = self.work / ".ralph" / "status.json"
         self.started: list[subprocess.Popen] = []
         agent = tmp_path / "agent.sh"
         agent.write_text(AGENT.replace('"$PY"', f'"{sys.executable}"'))
@@ -483,6 +484,44 @@ def test_status_reads_a_workdir_or_a_runbook(loop):
         1,
         0,
     )
+
+
+def test_status_shows_each_step_of_the_iteration_it_is_in(loop):
+    """What a probe sees in status.json: the iteration's own item and step, never the step the
+    last iteration ended with (ensure_alive and verify write no status of their own)."""
+    seen = loop.root / "statuses"
+    loop.setup(
+        ["ok one", "ok two"],
+        service=True,
+        health={
+            "probes": [
+                {
+                    "name": "alive file",
+                    "command": f"cat {loop.status_path} >> {seen} && echo --- >> {seen} && "
+                    "test -e {{ alive }}",
+                    "timeout": 1,
+                }
+            ]
+        },
+        loop={
+            "steps": [
+                {"ensure_alive": {"phase": "start"}},
+                *yaml.safe_load(RUNBOOK)["loop"]["steps"],
+                {"ensure_alive": {"phase": "end"}},
+            ]
+        },
+    )
+    done = loop.run()
+    assert done.returncode == 0, done.stderr
+    statuses = [json.loads(text) for text in seen.read_text().split("---\n") if text]
+    shown = [(s["iteration"], s["item"], s["phase"]) for s in statuses]
+    # the start of an iteration, its agent step (end: after verify, whose phase is not shown)
+    assert shown == [
+        (1, "ok one", None),
+        (1, "ok one", "agent"),
+        (2, "ok two", None),
+        (2, "ok two", "agent"),
+    ], shown
 
 
 def test_verbose_shows_the_steps_output_line_by_line_with_secrets_masked(tmp_path):

@@ -3,7 +3,9 @@
 The runbook is the shipped one, unchanged: only `-e` points it at the session's engine and
 replaces the agent. The agent step is ralph-run's stand-in agent (one chat completion, tick,
 commit), preceded by a long generation of its own (`think`, as a real agent spends minutes in
-its calls), so a fault can land while the agent's own request is in flight.
+its calls), so a fault can land while the agent's own request is in flight. The think lasts a
+stated time (curl's --max-time, on a request for more tokens than that time gives), not a
+number of tokens: a faster CPU must not end it before the test has seen it and struck.
 Each test: the fault is found and recorded (with vLLM's own log lines), the server recovered
 through the start script, the item retried without a strike, exit 0, and no process left: the
 old server's whole group (the Worker orphaned by a killed EngineCore included) is gone.
@@ -28,7 +30,10 @@ from real_helpers import RUNBOOK, SERVED_NAME, Engine, LongGeneration, gone, wai
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 AGENT_STEP = "run the agent"
-THINK_TOKENS = 5000  # the agent's own long call: 5-20 s of the tiny model, time to hit it
+# The agent's own long call: time to see it generate, and hit it. While the CPU engine
+# generates, this process can wait 10 s for a core (measured): the think must outlast that.
+THINK_SECONDS = 25
+THINK_TOKENS = 30000  # more than THINK_SECONDS of the tiny model gives (max-model-len 32768)
 STALL_AFTER = 15  # -e stall_after: the tiny model's prefill takes milliseconds (shipped: 60)
 # runbooks/vllm-local.yaml's hang bound: watch + stall_after + 2 x probe timeout + interval.
 HANG_BOUND = 5 + STALL_AFTER + 2 * 5 + 1
@@ -45,9 +50,10 @@ def agent_command(engine: Engine, think: bool) -> str:
         return agent
     body = {"model": SERVED_NAME, "prompt": "think", "max_tokens": THINK_TOKENS}
     body["ignore_eos"] = True
-    curl = ["curl", "-sS", "-f", "--max-time", "120", "-o", "/dev/null"]
+    curl = ["curl", "-sS", "-f", "--max-time", str(THINK_SECONDS), "-o", "/dev/null"]
     curl += ["-H", "content-type: application/json", "-d", json.dumps(body)]
-    return f"{shlex.join([*curl, f'{engine.url}/completions'])} && {agent}"
+    # Done, or cut off by --max-time (curl's exit 28): the agent goes on; any other error ends it.
+    return f"{shlex.join([*curl, f'{engine.url}/completions'])} || [ $? = 28 ] && {agent}"
 
 
 class Loop:
@@ -69,18 +75,20 @@ class Loop:
         wait_until(self.request_in_flight, 60, "the agent's request to reach the engine")
         wait_until(self.engine_working, 60, "the engine to work on the agent's request")
         status = self.run.status()
-        assert status["iteration"] == iteration and status["phase"] == AGENT_STEP, status
+        where = (status["iteration"], status["phase"])
+        assert where == (iteration, AGENT_STEP), f"the think ended before the check: {status}"
 
     def request_in_flight(self) -> bool:
-        """The agent's curl holds a connection to the engine's port."""
-        for pid in self.agents_left():
-            with contextlib.suppress(psutil.Error):
-                process = psutil.Process(pid)
-                if process.name() == "curl" and any(
-                    c.raddr and c.raddr.port == self.engine.port and c.status == "ESTABLISHED"
-                    for c in process.net_connections("tcp")
-                ):
-                    return True
+        """The agent's curl, under ralph-run, holds a connection to the engine's port (only its
+        connections are read: every socket table read costs seconds on a starved machine)."""
+        with contextlib.suppress(psutil.Error):
+            for process in psutil.Process(self.run.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if process.name() == "curl" and any(
+                        c.raddr and c.raddr.port == self.engine.port and c.status == "ESTABLISHED"
+                        for c in process.net_connections("tcp")
+                    ):
+                        return True
         return False
 
     def engine_working(self) -> bool:
