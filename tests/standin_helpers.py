@@ -301,6 +301,7 @@ class Stream(threading.Thread):
         self.content_type = ""
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self._leaving = threading.Event()
         self.start()
 
     def run(self) -> None:
@@ -312,6 +313,8 @@ class Stream(threading.Thread):
                 self.status = source.response.status_code
                 self.content_type = source.response.headers.get("content-type", "")
                 for event in source.iter_sse():
+                    if self._leaving.is_set():
+                        return  # the connection closes: the server aborts the generation
                     self.events.append(event)
         except BaseException as error:  # reported to the test, whatever it is
             self.error = error
@@ -325,6 +328,11 @@ class Stream(threading.Thread):
     def wait(self, timeout: float = 60.0) -> Stream:
         assert self.done.wait(timeout), f"the stream did not end within {timeout} s"
         return self
+
+    def leave(self) -> Stream:
+        """Hang up at the next event, as a client that gives up would."""
+        self._leaving.set()
+        return self.wait()
 
 
 def wait_streaming(stream: Stream, count: int = 3, timeout: float = 30.0) -> None:
@@ -480,13 +488,20 @@ def check_engine_death(target: Target) -> None:
 
 def check_busy(target: Target) -> None:
     """With max-num-seqs 1 and a long generation running, a second request waits: it shows in
-    num_requests_waiting while the token counters keep moving; both complete."""
-    first = Stream(f"{target.url}/chat/completions", long_request(target))
+    num_requests_waiting while the token counters keep moving. When the first one's client
+    leaves, the generation is aborted and the second completes.
+
+    The first asks for more tokens than the checks take to watch, however fast the engine (the
+    real one did 2,000 tokens in 2 s on a quiet machine, and while it generates a /metrics
+    scrape can wait seconds), and is ended by its client."""
+    busy = long_request(target, max_tokens=3 * target.long_tokens)
+    first = Stream(f"{target.url}/chat/completions", busy)
     wait_streaming(first)
     second = Stream(f"{target.url}/chat/completions", long_request(target, max_tokens=2))
     wait_for(lambda: target.metrics()["vllm:num_requests_waiting"] >= 1, 30, "a waiting request")
     before = target.tokens()
     wait_for(lambda: target.tokens() > before, 30, "the counters to move")
+    assert not first.done.is_set(), f"the long generation ended before the checks: {first.error}"
     assert not second.done.is_set()
-    for stream in (first.wait(), second.wait()):
-        assert stream.error is None and stream.data()[-1] == "[DONE]"
+    assert first.leave().error is None
+    assert second.wait().error is None and second.data()[-1] == "[DONE]"

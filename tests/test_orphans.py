@@ -59,18 +59,21 @@ def test_a_torn_or_foreign_record_is_ignored(tmp_path, sleeper, text):
 
 
 def test_the_record_lists_each_running_command_with_its_start_in_ticks(tmp_path):
-    """While a command runs, the file holds its pid and kernel start; afterwards it is gone."""
-    seen: list[list[dict]] = []
+    """While a command runs, the file holds its pid and kernel start; afterwards it is gone.
 
-    def read_record(line: str) -> None:
-        seen.append(json.loads((tmp_path / orphans.FILE).read_text()))
-
+    The command reads the file itself, once its pid shows there (a command that has exited
+    already is no longer listed), and prints its own start from /proc."""
+    record = tmp_path / orphans.FILE
+    look = (
+        f'until grep -q "\\"pid\\": $$," {record}; do sleep 0.01; done; '
+        f'echo $$; cut -d" " -f22 /proc/$$/stat; cat {record}'
+    )
     with orphans.recorded(tmp_path):
-        result = execute.shell("echo $$", on_output=read_record)
-    (pid,) = [int(line) for line in result.output.split()]
-    assert seen == [[{"pid": pid, "started": seen[0][0]["started"]}]]
-    assert isinstance(seen[0][0]["started"], int)
-    assert not (tmp_path / orphans.FILE).exists()
+        result = execute.shell(look, timeout=10)
+    assert result.ok, result.output
+    pid, started, text = result.output.split("\n", 2)
+    assert json.loads(text) == [{"pid": int(pid), "started": int(started)}]
+    assert not record.exists()
 
 
 def test_start_time_is_the_kernels_and_none_for_a_dead_pid(sleeper):
