@@ -6,7 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Scenario
+from e2e_helpers import RalphRun, Scenario
+
+
+@pytest.fixture(autouse=True)
+def no_ralph_run_left() -> Iterator[None]:
+    """A test that fails half-way leaves no ralph-run behind. One that was left went on
+    recovering the real engine after the session's teardown had stopped it, and left a vLLM
+    server that nothing stopped."""
+    yield
+    while RalphRun.started:
+        RalphRun.started.pop().kill()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import yaml
@@ -155,7 +155,10 @@ def runbook(
 class RalphRun:
     """One `ralph-run RUNBOOK --json` process; its events as they arrive, its status file."""
 
+    started: ClassVar[list[RalphRun]] = []  # killed after each test (conftest.py)
+
     def __init__(self, command: list[str], cwd: Path) -> None:
+        RalphRun.started.append(self)
         self.cwd = cwd
         self.events: list[dict[str, Any]] = []
         self.noise: list[str] = []  # stdout lines that are not JSON events
