@@ -61,8 +61,8 @@ class _Record:
         self.size = 0
 
     def write(self, pids: list[int]) -> None:
-        started = {pid: watchdog.start_time(pid) for pid in pids}
-        entries = [{"pid": pid, "started": at} for pid, at in started.items() if at is not None]
+        starts = [(pid, watchdog.start_time(pid)) for pid in pids]
+        entries = [{"pid": pid, "started": at} for pid, at in starts if at is not None]
         data = json.dumps(entries).encode("ascii")
         data += b" " * (self.size - len(data))
         with contextlib.suppress(OSError):  # best effort: never fail a command for this

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 AGENT_STEP = "run the agent"
 # The agent's own long call: time to see it generate, and hit it. While the CPU engine
-# generates, this process can wait 10 s for a core (measured): the think must outlast that.
+# generates, this process's polls came up to 10.5 s apart (measured): the think outlasts that.
 THINK_SECONDS = 25
 THINK_TOKENS = 30000  # more than THINK_SECONDS of the tiny model gives (max-model-len 32768)
 STALL_AFTER = 15  # -e stall_after: the tiny model's prefill takes milliseconds (shipped: 60)
@@ -72,7 +72,7 @@ class Loop:
         Asked of the processes, not of /metrics: while the CPU engine generates, its API server
         gets so little of the two cores that a scrape can wait until the generation is over.
         Only the engine's CPU is read: a look at the agent's sockets waited 60 s in vain in a
-        CI rehearsal (this process got no CPU for 10.5 s at a stretch, measured). During the
+        CI rehearsal (two of this process's polls were 10.5 s apart, measured). During the
         agent step nothing but the agent's requests keeps the engine busy, and the status read
         after the look says that step is still the one running."""
         self.run.wait_agent(iteration, timeout=120)
