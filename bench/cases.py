@@ -45,8 +45,10 @@ from bench.stand import (
     workspace,
 )
 from bench.table import Row
-from ralph_runner import connection, diagnostics, health, plan, tasks
+from ralph_runner.liveness import diagnostics, health
 from ralph_runner.probes import http
+from ralph_runner.process import connection
+from ralph_runner.runbook import plan, tasks
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 LOCAL = {"ansible_connection": "local"}

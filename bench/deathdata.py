@@ -23,7 +23,7 @@ import psutil
 
 from bench.stand import bench_env, kill_session, require, run_timed
 from bench.table import Row
-from ralph_runner import signatures
+from ralph_runner.deaths import signatures
 
 ITERATIONS, DEATHS = 10_000, 500
 DEATHS_REPS, REPORT_REPS = 5, 3
@@ -192,8 +192,8 @@ RECORDER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from ralph_runner.connection import Local
-    from ralph_runner.recorder import Recorder, Settings
+    from ralph_runner.process.connection import Local
+    from ralph_runner.deaths.recorder import Recorder, Settings
     url, log, ring, period, *metrics = sys.argv[1:]
     settings = Settings(url=url, metrics=metrics, period=float(period), gpu=True,
                         follow=f"tail -F -n 0 {log}", file=None, window=600, max_lines=2000,

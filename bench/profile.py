@@ -34,8 +34,9 @@ from bench.stand import (
     runbook_vars,
     workspace,
 )
-from ralph_runner import connection, execute, health
+from ralph_runner.liveness import health
 from ralph_runner.probes import ProbeContext, http, run_probe
+from ralph_runner.process import connection, execute
 
 SHOWN = 30  # functions listed from the loop's profile
 SYSCALLS = {f"<built-in method posix.{name}>" for name in ("fork", "fsync", "read", "replace")}

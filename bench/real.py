@@ -37,7 +37,7 @@ from bench.stand import (
     workspace,
 )
 from bench.table import Row, duration
-from ralph_runner import health
+from ralph_runner.liveness import health
 
 CACHE = ROOT / ".cache"
 PYTHON = CACHE / "vllm-venv" / "bin" / "python"

@@ -6,7 +6,7 @@ copy of the interpreter's memory) where sh 2.x always forks it. Every fork copie
 tables of ralph-run's ~35 MiB heap, waits for the child to tear them down at exec, and leaves
 the parent to re-fault every page it writes afterwards; vfork does none of that.
 
-A measurement, not a product path: the swap has no PR_SET_PDEATHSIG and no watchdog
+A measurement, not a product path: the swap has no PR_SET_PDEATHSIG and no tree guard
 registration, so a kill -9 of this process could leave its commands running.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ralph_runner import cli, execute
+from ralph_runner import cli
+from ralph_runner.process import execute
 
 
 class _Process:

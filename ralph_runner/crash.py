@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ralph_runner.reports import Redactor
-from ralph_runner.state import Store, move
+from ralph_runner.durable.redaction import Redactor
+from ralph_runner.loop.state import Store, move
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h: "an internal software error has been detected"
 STATUS = "crashed"

@@ -1,4 +1,8 @@
-"""The one error type of ralph-run: caught once, at the top, in cli.py."""
+"""The errors an operator can act on, each with its exit code: caught once, at the top, in cli.py.
+
+`FatalError` (with `Problem`s: file, line, column, key path) and its kinds `GaveUp` and
+`AgentBroken`; `Interrupted` for SIGINT/SIGTERM. Anything else is a bug (crash.py).
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from ralph_runner.reports import Redactor
+from ralph_runner.durable.redaction import Redactor
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ralph_runner import plugins
 from ralph_runner.errors import FatalError
+from ralph_runner.runbook import plugins
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from ralph_runner.connection import Connection
     from ralph_runner.errors import Problem
-    from ralph_runner.execute import Result
-    from ralph_runner.templating import Templar
+    from ralph_runner.process.connection import Connection
+    from ralph_runner.process.execute import Result
+    from ralph_runner.runbook.templating import Templar
 
 ParamsT = TypeVar("ParamsT", bound=BaseModel)
 

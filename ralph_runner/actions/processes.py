@@ -17,7 +17,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from ralph_runner.actions import TaskContext, TaskResult
-from ralph_runner.fields import Regex
+from ralph_runner.runbook.fields import Regex
 
 KEY = "processes"
 MIB = 1024 * 1024

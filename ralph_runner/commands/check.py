@@ -14,19 +14,14 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import (
-    checklist,
-    crash,
-    deathdata,
-    fleet,
-    loader,
-    plan,
-    recovery,
-    tasks,
-    templating,
-)
+from ralph_runner import crash
+from ralph_runner.deaths import wiring
+from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.reports import Redactor
+from ralph_runner.fleet import run as fleet
+from ralph_runner.liveness import recovery
+from ralph_runner.loop import checklist
+from ralph_runner.runbook import loader, plan, tasks, templating
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if installed: 10x faster
@@ -123,7 +118,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
 def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
     """The flight recorder as it would run: its URL and follow command rendered."""
     try:
-        settings = deathdata.settings_for(p)
+        settings = wiring.settings_for(p)
     except FatalError as exc:
         problems.append(exc)
         return None
@@ -137,12 +132,12 @@ def _followers(p: plan.Plan) -> dict[str, Any]:
     """The metrics textfile and the notification targets, rendered and checked."""
     shown: dict[str, Any] = {}
     if p.model.metrics is not None:
-        from ralph_runner import metrics
+        from ralph_runner.fleet import metrics
 
         shown["metrics"] = {"textfile": str(metrics.textfile_path(p))}
     config = p.model.notify
     if config.to or config.deadman:
-        from ralph_runner import notify
+        from ralph_runner.fleet import notify
 
         targets = notify.targets(p)
         shown["notify"] = {

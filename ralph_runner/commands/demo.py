@@ -18,10 +18,13 @@ import sys
 import threading
 from pathlib import Path
 
-from ralph_runner import execute, plan, reports, state
+from ralph_runner.deaths import log as death_log
 from ralph_runner.errors import FatalError
-from ralph_runner.loop import Runner
+from ralph_runner.loop import state
+from ralph_runner.loop.runner import Runner
 from ralph_runner.output import Output
+from ralph_runner.process import execute
+from ralph_runner.runbook import plan
 
 PACKAGE = Path(__file__).resolve().parents[1]
 RUNBOOK = PACKAGE / "runbooks" / "demo.yaml"  # runbooks/ is linked into the package
@@ -140,15 +143,16 @@ def _stop_server(standin: Path) -> None:
 
 def _show(workspace: Path) -> None:
     log = workspace / "logs" / "vllm-deaths.log"
-    records = reports.read_records(reports.records_path(log))
+    records = death_log.read_records(death_log.records_path(log))
     print()
-    print(reports.summarize(records))
-    print(f"\ndeath log: {log}\njson records: {reports.records_path(log)}\n")
+    print(death_log.summarize(records))
+    print(f"\ndeath log: {log}\njson records: {death_log.records_path(log)}\n")
     if log.is_file():
         first = log.read_text(encoding="utf-8").split("===== END =====")[0]
         print(first + "===== END =====")
-    from ralph_runner import deathstats, htmlreport  # the demo ends with its report
+    from ralph_runner.deaths import html as html_report
+    from ralph_runner.deaths import stats  # the demo ends with its report
 
     report = workspace / "report.html"
-    htmlreport.write(deathstats.load([str(workspace)]), report)
+    html_report.write(stats.load([str(workspace)]), report)
     print(f"\nreport: {report}")

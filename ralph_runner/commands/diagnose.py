@@ -6,8 +6,11 @@ import argparse
 import json
 import time
 
-from ralph_runner import checklist, diagnostics, plan, reports
-from ralph_runner.service import iso_time
+from ralph_runner.deaths import log as death_log
+from ralph_runner.liveness import diagnostics
+from ralph_runner.liveness.service import iso_time
+from ralph_runner.loop import checklist
+from ralph_runner.runbook import plan
 
 
 def main(args: argparse.Namespace) -> int:
@@ -36,5 +39,5 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(log.redactor.data(record), ensure_ascii=False))
         else:
-            print(reports.render(record, log.template, p.templar, log.redactor, log.where))
+            print(death_log.render(record, log.template, p.templar, log.redactor, log.where))
     return 0

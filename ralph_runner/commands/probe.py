@@ -6,9 +6,9 @@ import argparse
 import json
 from dataclasses import replace
 
-from ralph_runner import plan
+from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError
-from ralph_runner.reports import Redactor
+from ralph_runner.runbook import plan
 
 
 def main(args: argparse.Namespace) -> int:

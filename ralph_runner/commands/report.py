@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ralph_runner import deathstats, htmlreport
+from ralph_runner.deaths import html as html_report
+from ralph_runner.deaths import stats
 
 
 def main(args: argparse.Namespace) -> int:
-    data = deathstats.load(args.targets, args.inventory, args.extra_vars)
+    data = stats.load(args.targets, args.inventory, args.extra_vars)
     output = Path(args.output)
-    answers = htmlreport.write(data, output)
+    answers = html_report.write(data, output)
     totals = answers["totals"]
     skipped = f"; {data.skipped.text()}" if data.skipped.total else ""
     print(

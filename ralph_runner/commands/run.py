@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-from ralph_runner import crash, fleet, plan
+from ralph_runner import crash
+from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Interrupted
-from ralph_runner.loop import Runner
+from ralph_runner.fleet import run as fleet
+from ralph_runner.loop.runner import Runner
 from ralph_runner.output import Output
-from ralph_runner.reports import Redactor
+from ralph_runner.runbook import plan
 
 
 class Follower(Protocol):
@@ -55,14 +57,14 @@ def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
 
     found: list[Follower] = []
     if selected.model.metrics is not None:
-        from ralph_runner import metrics
+        from ralph_runner.fleet import metrics
 
         textfile = metrics.textfile_path(selected)
         if textfile is not None:
             found.append(metrics.Textfile(textfile, selected.host, warn))
     config = selected.model.notify
     if config.to or config.deadman:
-        from ralph_runner import notify
+        from ralph_runner.fleet import notify
 
         targets = notify.targets(selected)
         found.append(notify.Notifier(config, targets, selected.host, warn))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ralph_runner import schema
+from ralph_runner.runbook import schema
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ from typing import Any
 
 import psutil
 
-from ralph_runner import fleet_status, plan, state
+from ralph_runner.fleet import status as fleet_status
+from ralph_runner.loop import state
+from ralph_runner.runbook import plan
 
 EXIT_NO_STATUS = 1
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ralph_runner import plugins
+from ralph_runner.runbook import plugins
 
 if TYPE_CHECKING:
-    from ralph_runner.connection import Connection
+    from ralph_runner.process.connection import Connection
 
 REASONS = ("refused", "timeout", "status", "body", "error", "stalled")
 EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail

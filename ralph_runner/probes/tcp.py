@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ralph_runner.fields import Templated
 from ralph_runner.probes import ProbeContext, classify
+from ralph_runner.runbook.fields import Templated
 
 KIND = "tcp"
 

@@ -137,13 +137,15 @@ class AgentScenario(Scenario):
     # its processes
 
     def agent_tree(self, ralph_pid: int) -> list[psutil.Process]:
-        """ralph-run's descendants now but its watchdog (it lives as long as the run): the
+        """ralph-run's descendants now but its tree guard (it lives as long as the run): the
         step's shell, the agent and whatever the agent started."""
         try:
             descendants = psutil.Process(ralph_pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [p for p in descendants if "ralph_runner.watchdog" not in " ".join(_cmdline(p))]
+        return [
+            p for p in descendants if "ralph_runner.process.tree_guard" not in " ".join(_cmdline(p))
+        ]
 
     def working_in(self, command: str) -> list[psutil.Process]:
         """Live processes running `command` with their current directory in the workspace,

@@ -1,0 +1,1 @@
+"""Deaths as data: the log and its JSONL twin, the flight recorder, signatures, statistics."""

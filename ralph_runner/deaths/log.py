@@ -1,0 +1,230 @@
+"""Death reports: the human log (a Jinja template) and its JSONL twin, with secrets masked.
+
+A death is written once, append-only, and fsynced before recovery starts: the point of the log is
+to explain a death hours later, so a report must survive the crash that follows it, a full disk
+and a kill -9 in the middle of the write.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ralph_runner.durable.files import append_durably
+from ralph_runner.durable.redaction import Redactor
+from ralph_runner.errors import FatalError, Problem
+
+if TYPE_CHECKING:
+    from ralph_runner.runbook.templating import Templar
+
+
+def records_path(log_path: Path, records: str | Path | None = None) -> Path:
+    """The JSONL twin of a death log: its suffix replaced by .jsonl, unless `records` names one.
+
+    `records` is taken as given; the caller resolves it against the workdir like the log.
+    """
+    if records is not None:
+        return Path(records)
+    twin = log_path.with_suffix(".jsonl")
+    # A log that is itself named *.jsonl must not share its file with its twin.
+    return twin if twin != log_path else log_path.with_name(log_path.name + ".records.jsonl")
+
+
+def default_template() -> str:
+    """The death report template shipped with ralph-run (`template: default`)."""
+    return resources.files("ralph_runner").joinpath("templates/default.j2").read_text("utf-8")
+
+
+class DeathLog:
+    """Appends deaths and recovery outcomes to the human log and to the JSONL records file."""
+
+    def __init__(
+        self,
+        log_path: Path,
+        records_path: Path,
+        *,
+        template: str,
+        templar: Templar,
+        redactor: Redactor,
+        where: Problem | None = None,
+    ) -> None:
+        self.log_path = log_path
+        self.records_path = records_path
+        self.template = template
+        self.templar = templar
+        self.redactor = redactor
+        self.where = where  # where the template came from, for its errors
+
+    def write_death(self, record: dict[str, Any]) -> None:
+        """Write one death to both files, durably, before the caller starts recovery."""
+        record = self.redactor.data({"event": "death", **record})
+        block = self._render(record)
+        self._write(record, "death", self.redactor.text(block).rstrip("\n") + "\n\n")
+
+    def write_recovery(self, record: dict[str, Any]) -> None:
+        """Write a recovery outcome: the JSON record and a short line under its death's block."""
+        record = self.redactor.data({"event": "recovery", **record})
+        self._write(record, "recovery", self.redactor.text(recovery_text(record)))
+
+    def _render(self, record: dict[str, Any]) -> str:
+        return render(record, self.template, self.templar, self.redactor, self.where)
+
+    def _write(self, record: dict[str, Any], kind: str, text: str) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        errors = []
+        for path, data in ((self.log_path, text), (self.records_path, line + "\n")):
+            try:
+                append_durably(path, data)
+            except OSError as err:
+                errors.append(f"{err.filename or path}: {err.strerror or err}")
+        if errors:
+            # Disk full or unwritable: the loop goes on to recovery; the record lives on stderr.
+            print(
+                f"ralph-run: could not write {kind} record ({'; '.join(errors)}): {line}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def render(
+    record: dict[str, Any],
+    template: str,
+    templar: Templar,
+    redactor: Redactor,
+    where: Problem | None = None,
+) -> str:
+    """The human report of one record (redacted); a broken template still keeps the facts."""
+    record = redactor.data(record)
+    try:
+        text = templar.render(template, {**record, "record": record}, where=where)
+    except FatalError as err:
+        text = (
+            f"===== death {record.get('death', '?')} at {record.get('time', '?')}"
+            f" (report template failed: {err}) =====\n"
+            f"{json.dumps(record, indent=2, ensure_ascii=False, default=str)}\n"
+            "===== END =====\n"
+        )
+    return redactor.text(text)
+
+
+def recovery_text(record: dict[str, Any]) -> str:
+    """The human line for a recovery outcome, plus the output of failed steps when it gave up."""
+    if record.get("recovered"):
+        return (
+            f"--- recovery: recovered after {record.get('attempts', '?')} attempt(s)"
+            f" in {seconds_text(record.get('seconds'))} s ---\n\n"
+        )
+    lines = [f"--- recovery FAILED: {record.get('reason') or 'not recovered'} ---"]
+    for step in record.get("steps") or []:
+        if not step.get("ok", True):
+            attempt = f"attempt {step['attempt']}, " if "attempt" in step else ""
+            why = "timed out" if step.get("timed_out") else f"exit {step.get('exit_code')}"
+            lines.append(f" {attempt}step {step.get('name', '?')!r} failed ({why}):")
+            lines.extend("  " + out for out in str(step.get("output") or "").splitlines())
+    return "\n".join(lines) + "\n\n"
+
+
+def seconds_text(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "?"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL death file, skipping a torn line (kill -9 mid-write) with a warning.
+
+    A missing file means no death was recorded yet. A torn line is the last line until the next
+    run appends after it (on a fresh line), so a bad line anywhere is skipped the same way.
+    """
+    if not path.exists():
+        return []
+    records = []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            record = err
+        if not isinstance(record, dict):
+            print(
+                f"ralph-run: warning: {path}:{number}: skipped a torn record"
+                f" (an interrupted write?): {record}",
+                file=sys.stderr,
+            )
+            continue
+        records.append(record)
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> str:
+    """One line per death with its recovery outcome, then totals (`ralph-run deaths`)."""
+    deaths: list[dict[str, Any]] = []
+    recoveries: dict[int, dict[str, Any]] = {}  # index in deaths -> its recovery
+    latest: dict[Any, int] = {}  # death number -> index of the latest death with that number
+    for record in records:
+        if record.get("event") == "death":
+            latest[record.get("death")] = len(deaths)
+            deaths.append(record)
+        elif record.get("event") == "recovery" and record.get("death") in latest:
+            recoveries[latest[record.get("death")]] = record
+    if not deaths:
+        return "no deaths recorded"
+    rows = [
+        [
+            f"#{death.get('death', '?')}",
+            str(death.get("time", "?"))[:19].replace("T", " "),
+            f"iter {death.get('iteration', '?')}",
+            str(death.get("phase", "?")),
+            first_failure(death),
+            recovery_summary(recoveries.get(index)),
+            shorten((death.get("item") or {}).get("text", "(no item)")),
+        ]
+        for index, death in enumerate(deaths)
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(
+            [*(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)), row[-1]]
+        ).rstrip()
+        for row in rows
+    ]
+    return "\n".join([*lines, totals(len(deaths), list(recoveries.values()))])
+
+
+def first_failure(death: dict[str, Any]) -> str:
+    for probe in death.get("probes") or []:
+        if not probe.get("ok"):
+            return f"{probe.get('name', '?')}: {probe.get('reason', '?')}"
+    return "no failed probe"
+
+
+def recovery_summary(recovery: dict[str, Any] | None) -> str:
+    if recovery is None:
+        return "no recovery recorded"
+    if recovery.get("recovered"):
+        attempts = plural(recovery.get("attempts", "?"), "attempt")
+        return f"recovered in {seconds_text(recovery.get('seconds'))} s ({attempts})"
+    return f"NOT recovered: {recovery.get('reason') or 'gave up'}"
+
+
+def shorten(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def plural(count: Any, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def totals(deaths: int, recoveries: list[dict[str, Any]]) -> str:
+    recovered = [r for r in recoveries if r.get("recovered")]
+    failed = len(recoveries) - len(recovered)
+    parts = [plural(deaths, "death"), f"{len(recovered)} recovered"]
+    seconds = [r["seconds"] for r in recovered if isinstance(r.get("seconds"), int | float)]
+    if seconds:
+        parts[-1] += f" (mean {sum(seconds) / len(seconds):.1f} s, max {max(seconds):.1f} s)"
+    parts.append(f"{failed} not recovered")
+    if deaths > len(recoveries):
+        parts.append(f"{deaths - len(recoveries)} without a recovery record")
+    return "total: " + ", ".join(parts)

@@ -1,0 +1,391 @@
+"""A night of deaths as numbers: what `ralph-run deaths` prints and `ralph-run report` draws.
+
+`load` reads death records and iteration histories from record files, workdirs and runbooks
+(one or many hosts), reading around torn and foreign lines and counting them. `tables` answers
+the seed's questions: which kinds of death (signatures), in which phase, on which host; how
+often (mean time between deaths); how long recovery takes (p50, p95, max); and whether deaths
+come with big prompts (the death rate per prompt-size bucket against the iterations in it). Each
+answer says when there is too little data to mean anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ralph_runner.deaths import signatures
+from ralph_runner.durable import jsonl
+from ralph_runner.errors import FatalError, Problem
+
+STATE_DIR = ".ralph"
+HISTORY = f"{STATE_DIR}/iterations.jsonl"
+SOURCES = f"{STATE_DIR}/sources.json"
+HISTORY_SEARCH_DEPTH = 3  # a records file's directory and its parents searched for a history
+MIN_GAPS = 5  # gaps between deaths below which a mean time between deaths is rough
+MIN_RECOVERIES = 20  # recoveries below which p95 is no better than the max
+MIN_BUCKET = 10  # iterations in a prompt-size bucket below which its rate is not read
+MIN_SIDE = 20  # iterations on each side of a split for "deaths cluster above N chars"
+MIN_CLUSTER_DEATHS = 3
+CLUSTER_RATIO = 2.0  # the rate above a split must be this many times the rate below
+MAX_BUCKETS = 10
+
+
+@dataclass
+class Death:
+    record: dict[str, Any]
+    source: str
+    recovery: dict[str, Any] | None = None
+
+    @property
+    def number(self) -> Any:
+        return self.record.get("death")
+
+    @property
+    def host(self) -> str:
+        return str(self.record.get("host") or "?")
+
+    @property
+    def phase(self) -> str:
+        return str(self.record.get("phase") or "?")
+
+    @cached_property
+    def time(self) -> float | None:
+        return epoch(self.record.get("time"))
+
+    @property
+    def prompt_chars(self) -> int | None:
+        value = self.record.get("prompt_size")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @cached_property
+    def signature(self) -> str:
+        return signatures.signature(self.record)
+
+
+@dataclass
+class Data:
+    deaths: list[Death] = field(default_factory=list)
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, Counter] = field(default_factory=dict)  # path -> events read
+    skipped: jsonl.Skipped = field(default_factory=jsonl.Skipped)
+    notes: list[str] = field(default_factory=list)
+
+
+def epoch(value: Any) -> float | None:
+    """Seconds since the epoch of a record's ISO time (or of a number already)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def load(
+    targets: list[str], inventory: str | None = None, extra_vars: list[str] | None = None
+) -> Data:
+    """Read every file the targets name (records, histories), once each."""
+    data = Data()
+    paths: list[Path] = []
+    for target in targets:
+        for path in files_of(target, inventory, extra_vars, data.notes):
+            if path.resolve() not in {p.resolve() for p in paths}:
+                paths.append(path)
+    for path in paths:
+        read_file(path, data)
+    return data
+
+
+def files_of(
+    target: str, inventory: str | None, extra_vars: list[str] | None, notes: list[str]
+) -> list[Path]:
+    """The files a target stands for: a .jsonl as given (with the history of its workdir), a
+    directory's records and history, a runbook's records and history on each of its hosts."""
+    path = Path(target)
+    if path.is_dir():
+        return workdir_files(path, notes)
+    if not path.is_file():
+        raise FatalError(Problem("no such file or directory", target))
+    if path.suffix == ".jsonl":
+        return [path, *nearby_history(path)]
+    from ralph_runner.runbook import plan  # a runbook: the whole loader, only when needed
+
+    found = []
+    for selected in plan.build(path, inventory, None, extra_vars):
+        records = plan.death_log_for(selected).records_path
+        history = selected.workdir / HISTORY
+        found += [p for p in (records, history) if p.is_file()]
+        if not records.is_file():
+            notes.append(f"{selected.host}: no death records yet at {records}")
+    return found
+
+
+def workdir_files(workdir: Path, notes: list[str]) -> list[Path]:
+    state = workdir / STATE_DIR
+    if not state.is_dir():
+        raise FatalError(Problem(f"no {STATE_DIR}/ here: not a ralph-run workdir", str(workdir)))
+    found = []
+    try:
+        records = Path(json.loads((workdir / SOURCES).read_text())["records"])
+    except (OSError, ValueError, KeyError, TypeError):
+        notes.append(f"{workdir}: no {SOURCES} (run before ralph-run kept it): name the records")
+    else:
+        if records.is_file():
+            found.append(records)
+    if (workdir / HISTORY).is_file():
+        found.append(workdir / HISTORY)
+    return found
+
+
+def nearby_history(records: Path) -> list[Path]:
+    """The iteration history of the workdir a records file lies in (logs/x.jsonl: ../.ralph)."""
+    directory = records.resolve().parent
+    for _ in range(HISTORY_SEARCH_DEPTH):
+        candidate = directory / HISTORY
+        if candidate.is_file():
+            return [candidate]
+        directory = directory.parent
+    return []
+
+
+def read_file(path: Path, data: Data) -> None:
+    counts: Counter = Counter()
+    latest: dict[Any, Death] = {}  # death number -> the latest death of that number, this file
+    for number, entry in jsonl.read(path, data.skipped):
+        event = entry.get("event")
+        if event == "death":
+            death = Death(entry, str(path))
+            latest[entry.get("death")] = death
+            data.deaths.append(death)
+        elif event == "recovery" and entry.get("death") in latest:
+            latest[entry.get("death")].recovery = entry
+        elif event == "iteration":
+            data.iterations.append(entry)
+        else:
+            data.skipped.add("foreign", path, number)
+            continue
+        counts[event] += 1
+    data.files[str(path)] = counts
+
+
+# -- the tables ---------------------------------------------------------------------------------
+
+
+def tables(data: Data) -> dict[str, Any]:
+    """Every answer, as plain data (the --json output; the text view and the report draw it)."""
+    deaths = data.deaths
+    recovered = [d for d in deaths if d.recovery and d.recovery.get("recovered")]
+    failed = [d for d in deaths if d.recovery and not d.recovery.get("recovered")]
+    times = [t for t in (d.time for d in deaths) if t is not None]
+    times += [t for t in (epoch(i.get("started")) for i in data.iterations) if t is not None]
+    hosts = sorted({d.host for d in deaths} | {str(i.get("host") or "?") for i in data.iterations})
+    return {
+        "files": {path: dict(counts) for path, counts in data.files.items()},
+        "skipped": data.skipped.as_dict(),
+        "notes": data.notes,
+        "totals": {
+            "deaths": len(deaths),
+            "iterations": len(data.iterations),
+            "recovered": len(recovered),
+            "not_recovered": len(failed),
+            "no_recovery_record": len(deaths) - len(recovered) - len(failed),
+            "hosts": hosts,
+            "from": min(times) if times else None,
+            "to": max(times) if times else None,
+        },
+        "by_signature": by_signature(deaths),
+        "by_phase": dict(Counter(d.phase for d in deaths).most_common()),
+        "by_host": by_host(deaths, data.iterations, hosts),
+        "between_deaths": between_deaths(deaths, data.iterations),
+        "recovery": recovery(recovered, failed),
+        "prompt_size": prompt_buckets(deaths, data.iterations),
+    }
+
+
+def by_signature(deaths: list[Death]) -> list[dict[str, Any]]:
+    groups: dict[str, list[Death]] = {}
+    for death in deaths:
+        groups.setdefault(death.signature, []).append(death)
+    rows = []
+    for signature, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        times = [t for t in (d.time for d in members) if t is not None]
+        rows.append(
+            {
+                "signature": signature,
+                "deaths": len(members),
+                "share": len(members) / len(deaths),
+                "phases": dict(Counter(d.phase for d in members).most_common()),
+                "hosts": dict(Counter(d.host for d in members).most_common()),
+                "first": min(times) if times else None,
+                "last": max(times) if times else None,
+                "example": (members[-1].record.get("signature_from") or {}).get("line"),
+            }
+        )
+    return rows
+
+
+def by_host(
+    deaths: list[Death], iterations: list[dict[str, Any]], hosts: list[str]
+) -> dict[str, Any]:
+    died = Counter(d.host for d in deaths)
+    ran = Counter(str(i.get("host") or "?") for i in iterations)
+    return {
+        host: {
+            "deaths": died[host],
+            "iterations": ran[host],
+            "deaths_per_iteration": died[host] / ran[host] if ran[host] else None,
+        }
+        for host in hosts
+    }
+
+
+def between_deaths(deaths: list[Death], iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean time between deaths: the gaps between one host's consecutive deaths, and the loop's
+    running time (the history's iteration seconds) per death, which leaves out the hours the
+    loop was not running at all."""
+    gaps: list[float] = []
+    by_host: dict[str, list[float]] = {}
+    for death in deaths:
+        if death.time is not None:
+            by_host.setdefault(death.host, []).append(death.time)
+    for times in by_host.values():
+        times.sort()
+        gaps += [b - a for a, b in itertools.pairwise(times)]
+    running = sum(i["seconds"] for i in iterations if isinstance(i.get("seconds"), int | float))
+    result: dict[str, Any] = {
+        "gaps": len(gaps),
+        "mean_seconds": sum(gaps) / len(gaps) if gaps else None,
+        "median_seconds": percentile(sorted(gaps), 0.5) if gaps else None,
+        "running_seconds": running if iterations else None,
+        "running_seconds_per_death": running / len(deaths) if iterations and deaths else None,
+        "too_little": None,
+    }
+    if not gaps:
+        result["too_little"] = "needs 2 deaths on one host"
+    elif len(gaps) < MIN_GAPS:
+        result["too_little"] = f"only {len(gaps)} gap(s) between deaths: a rough figure"
+    return result
+
+
+def percentile(ordered: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted values (p95 of 10 values is the largest)."""
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def recovery(recovered: list[Death], failed: list[Death]) -> dict[str, Any]:
+    seconds = sorted(
+        float(d.recovery["seconds"])
+        for d in recovered
+        if d.recovery and isinstance(d.recovery.get("seconds"), int | float)
+    )
+    reasons = Counter(str((d.recovery or {}).get("reason") or "gave up") for d in failed)
+    result: dict[str, Any] = {
+        "recovered": len(recovered),
+        "not_recovered": len(failed),
+        "reasons": dict(reasons.most_common()),
+        "p50": percentile(seconds, 0.5) if seconds else None,
+        "p95": percentile(seconds, 0.95) if seconds else None,
+        "max": seconds[-1] if seconds else None,
+        "too_little": None,
+    }
+    if not seconds:
+        result["too_little"] = "no recovery recorded"
+    elif len(seconds) < MIN_RECOVERIES:
+        result["too_little"] = f"{len(seconds)} recoveries: p95 needs {MIN_RECOVERIES}"
+    return result
+
+
+def nice_width(largest: int) -> int:
+    """A round bucket width (1, 2, 5 x 10^k) giving at most MAX_BUCKETS buckets up to largest."""
+    raw = max(1.0, (largest + 1) / MAX_BUCKETS)
+    power = 10 ** math.floor(math.log10(raw))
+    return int(next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
+
+
+def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Deaths and iterations per prompt-size bucket (characters), and where deaths cluster."""
+    ran = [i["prompt_chars"] for i in iterations if _count(i.get("prompt_chars"))]
+    died = [d.prompt_chars for d in deaths if d.prompt_chars is not None]
+    result: dict[str, Any] = {
+        "width": None, "buckets": [], "cluster": None, "no_cluster": None, "too_little": None
+    }  # fmt: skip
+    if not ran and not died:
+        result["too_little"] = "no prompt sizes recorded"
+        return result
+    width = nice_width(max(ran + died))
+    count = max(ran + died) // width + 1
+    runs, dead = Counter(c // width for c in ran), Counter(c // width for c in died)
+    result["width"] = width
+    result["buckets"] = [
+        {
+            "from": k * width,
+            "to": (k + 1) * width,
+            "iterations": runs[k] if ran else None,
+            "deaths": dead[k],
+            "rate": dead[k] / runs[k] if runs[k] else None,
+            "few": bool(ran) and runs[k] < MIN_BUCKET,
+        }
+        for k in range(count)
+    ]
+    if not ran:
+        result["too_little"] = "no iteration history: deaths per bucket only, no rate"
+        return result
+    result["cluster"], enough = cluster(sorted(ran), sorted(died), width, count)
+    if result["cluster"] is None and enough:
+        result["no_cluster"] = (
+            f"deaths do not cluster by prompt size: no split has {CLUSTER_RATIO:g}x the death "
+            "rate above it than below"
+        )
+    elif result["cluster"] is None:
+        result["too_little"] = (
+            f"no split with {MIN_SIDE}+ iterations on each side and {MIN_CLUSTER_DEATHS}+ "
+            "deaths above it: too few to say where deaths cluster"
+        )
+    return result
+
+
+def cluster(
+    ran: list[int], died: list[int], width: int, count: int
+) -> tuple[dict[str, Any] | None, bool]:
+    """The bucket boundary above which the death rate rises the most (or None), and whether
+    any boundary had data enough on both sides to tell."""
+    best, enough = None, False
+    for k in range(1, count):
+        edge = k * width
+        below_runs = sum(1 for c in ran if c < edge)
+        above_runs = len(ran) - below_runs
+        below_deaths = sum(1 for c in died if c < edge)
+        above_deaths = len(died) - below_deaths
+        if min(below_runs, above_runs) < MIN_SIDE or above_deaths < MIN_CLUSTER_DEATHS:
+            continue
+        enough = True
+        above, below = above_deaths / above_runs, below_deaths / below_runs
+        if above < CLUSTER_RATIO * below:
+            continue
+        if best is None or above - below > best["rate_above"] - best["rate_below"]:
+            best = {
+                "above_chars": edge,
+                "iterations_above": above_runs,
+                "deaths_above": above_deaths,
+                "rate_above": above,
+                "iterations_below": below_runs,
+                "deaths_below": below_deaths,
+                "rate_below": below,
+            }
+    return best, enough
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

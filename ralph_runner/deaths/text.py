@@ -1,0 +1,240 @@
+"""A night of deaths as text: the tables of `ralph-run deaths`, also used by the HTML report.
+
+Deaths by signature, phase and host, mean time between deaths, recovery p50/p95/max, the death
+rate per prompt-size bucket against the iterations in it, then one line per death.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ralph_runner.deaths import log, stats
+
+LAST_DEATHS = 30  # deaths listed one per line at the end (the most recent ones)
+ITEM_WIDTH = 40
+
+
+def death_row(death: stats.Death) -> dict[str, Any]:
+    recovery = death.recovery or {}
+    return {
+        "death": death.number,
+        "time": death.record.get("time"),
+        "host": death.host,
+        "phase": death.phase,
+        "iteration": death.record.get("iteration"),
+        "item": (death.record.get("item") or {}).get("text"),
+        "prompt_chars": death.prompt_chars,
+        "signature": death.signature,
+        "recovered": recovery.get("recovered"),
+        "recovery_seconds": recovery.get("seconds"),
+        "source": death.source,
+    }
+
+
+def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
+    totals = answers["totals"]
+    lines = [f"read {files_line(answers['files'])}"]
+    if answers["skipped"]["total"]:
+        lines.append(data.skipped.text())
+    lines += answers["notes"]
+    if not totals["deaths"]:
+        iterations = totals["iterations"]
+        return [*lines, f"no deaths recorded ({iterations} iterations in the history)"]
+    span = f", {when(totals['from'])} – {when(totals['to'])}" if totals["from"] else ""
+    lines += [
+        "",
+        f"{plural(totals['deaths'], 'death')} over {plural(totals['iterations'], 'iteration')} on "
+        f"{plural(len(totals['hosts']), 'host')}{span}: {totals['recovered']} recovered, "
+        f"{totals['not_recovered']} not recovered"
+        + (
+            f", {totals['no_recovery_record']} without a recovery record"
+            if totals["no_recovery_record"]
+            else ""
+        ),
+        "",
+        "by signature",
+        *table(
+            ["deaths", "share", "phases", "hosts", "signature"],
+            [
+                [
+                    str(row["deaths"]),
+                    f"{row['share']:.0%}",
+                    counts(row["phases"]),
+                    counts(row["hosts"]),
+                    row["signature"],
+                ]
+                for row in answers["by_signature"]
+            ],
+        ),
+        "",
+        f"by phase: {counts(answers['by_phase'])}",
+        "by host:",
+        *table(
+            ["host", "deaths", "iterations", "deaths per iteration"],
+            [
+                [host, str(row["deaths"]), str(row["iterations"]), share(row)]
+                for host, row in answers["by_host"].items()
+            ],
+        ),
+        "",
+        between_line(answers["between_deaths"]),
+        recovery_line(answers["recovery"]),
+        "",
+        *prompt_lines(answers["prompt_size"]),
+        "",
+        *each_death(data.deaths),
+    ]
+    return lines
+
+
+def files_line(files: dict[str, dict[str, int]]) -> str:
+    if not files:
+        return "no files"
+    parts = []
+    for path, events in files.items():
+        found = ", ".join(plural(n, str(kind)) for kind, n in events.items()) or "nothing"
+        parts.append(f"{path} ({found})")
+    return "; ".join(parts)
+
+
+PLURALS = {"death": "deaths", "recovery": "recoveries", "iteration": "iterations", "host": "hosts"}
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun if count == 1 else PLURALS.get(noun, noun + 's')}"
+
+
+def when(epoch: float | None) -> str:
+    if epoch is None:
+        return "?"
+    return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def counts(mapping: dict[str, int]) -> str:
+    return ", ".join(f"{key} {n}" for key, n in mapping.items())
+
+
+def share(row: dict[str, Any]) -> str:
+    rate = row["deaths_per_iteration"]
+    return "no history" if rate is None else f"{rate:.1%}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
+    return [
+        "  "
+        + "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]])
+        for row in [header, *rows]
+    ]
+
+
+def between_line(between: dict[str, Any]) -> str:
+    line = "mean time between deaths: "
+    if between["mean_seconds"] is None:
+        line += "—"
+    else:
+        line += (
+            f"{duration(between['mean_seconds'])} (median {duration(between['median_seconds'])},"
+            f" {between['gaps']} gap(s))"
+        )
+    if between["running_seconds_per_death"] is not None:
+        line += (
+            f"; 1 death per {duration(between['running_seconds_per_death'])} of loop time "
+            f"({duration(between['running_seconds'])} in the history)"
+        )
+    return line + (f" — too little data: {between['too_little']}" if between["too_little"] else "")
+
+
+def recovery_line(recovery: dict[str, Any]) -> str:
+    if recovery["p50"] is None:
+        line = "recovery: none recovered"
+    else:
+        line = (
+            f"recovery: p50 {duration(recovery['p50'])}, p95 {duration(recovery['p95'])}, "
+            f"max {duration(recovery['max'])} ({recovery['recovered']} recovered)"
+        )
+    if recovery["not_recovered"]:
+        line += f"; {recovery['not_recovered']} not recovered: {counts(recovery['reasons'])}"
+    return line + (
+        f" — too little data: {recovery['too_little']}" if recovery["too_little"] else ""
+    )
+
+
+def prompt_lines(prompt: dict[str, Any]) -> list[str]:
+    if not prompt["buckets"]:
+        return [f"death rate by prompt size: {prompt['too_little']}"]
+    rows = []
+    for bucket in prompt["buckets"]:
+        if bucket["iterations"] is None:
+            rate = "—"
+        elif bucket["rate"] is None:
+            rate = "no iterations"
+        else:
+            rate = f"{bucket['rate']:.1%}" + (" (few iterations)" if bucket["few"] else "")
+        rows.append(
+            [
+                f"{bucket['from']:,} – {bucket['to'] - 1:,}",
+                "—" if bucket["iterations"] is None else str(bucket["iterations"]),
+                str(bucket["deaths"]),
+                rate,
+            ]
+        )
+    lines = [
+        "death rate by prompt size (chars)",
+        *table(["prompt size", "iterations", "deaths", "rate"], rows),
+    ]
+    found = prompt["cluster"]
+    if found:
+        lines.append(
+            f"deaths cluster above {found['above_chars']:,} chars: "
+            f"{found['deaths_above']} deaths in {found['iterations_above']} iterations above "
+            f"({found['rate_above']:.1%}), {found['deaths_below']} in "
+            f"{found['iterations_below']} below ({found['rate_below']:.1%})"
+        )
+    if prompt.get("no_cluster"):
+        lines.append(prompt["no_cluster"])
+    if prompt["too_little"]:
+        lines.append(f"too little data: {prompt['too_little']}")
+    return lines
+
+
+def each_death(deaths: list[stats.Death]) -> list[str]:
+    shown = deaths[-LAST_DEATHS:]
+    title = "each death" if len(shown) == len(deaths) else f"the last {len(shown)} deaths"
+    rows = []
+    for death in shown:
+        row = death_row(death)
+        recovered = (
+            "no recovery record"
+            if row["recovered"] is None
+            else f"recovered in {duration(row['recovery_seconds'])}"
+            if row["recovered"]
+            else "NOT recovered"
+        )
+        rows.append(
+            [
+                f"#{row['death']}",
+                str(row["time"] or "?")[:19].replace("T", " "),
+                row["host"],
+                f"iter {row['iteration']}",
+                row["phase"],
+                f"{row['prompt_chars']} chars" if row["prompt_chars"] is not None else "—",
+                recovered,
+                row["signature"],
+                log.shorten(row["item"] or "(no item)", ITEM_WIDTH),
+            ]
+        )
+    header = ["death", "time", "host", "iteration", "phase", "prompt", "recovery", "signature"]
+    header.append("item")
+    return [title, *table(header, rows)]

@@ -1,0 +1,1 @@
+"""Files that survive crashes: append-only JSONL, atomic replacement."""

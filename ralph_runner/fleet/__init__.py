@@ -1,0 +1,1 @@
+"""Many hosts: the fleet run, fleet status, the Prometheus textfile, notifications."""

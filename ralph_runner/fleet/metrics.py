@@ -1,0 +1,180 @@
+"""The loop as Prometheus metrics: a node_exporter textfile, rewritten at each change.
+
+node_exporter's textfile collector serves every `*.prom` file of a directory, so an operator's
+existing Prometheus sees each loop with no server of ours. The file follows the event stream
+(`Output.subscribe`); prometheus_client renders it and writes it atomically (a temp file in the
+same directory, then rename). A heartbeat rewrites it every HEARTBEAT s so that
+`ralph_last_update_timestamp_seconds` tells a loop that hangs from one that is busy.
+Counters count from the start of this ralph-run process (Prometheus' `increase()` copes with
+the reset of a restarted loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
+
+from ralph_runner.errors import FatalError
+from ralph_runner.runbook.plan import Plan
+
+HEARTBEAT = 30.0  # seconds between rewrites while nothing happens
+RECOVERY_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+SIGNATURES = 10  # distinct death signatures kept as label values; the rest count as "other"
+SIGNATURE_CHARS = 80
+
+
+def textfile_path(plan: Plan) -> Path | None:
+    """The runbook's textfile, rendered for the plan's host; its directory must exist (a typo
+    there would silently feed no one, so it is an error at `--check`, not at the first write)."""
+    if plan.model.metrics is None:
+        return None
+    path = plan.path(("metrics", "textfile"), plan.model.metrics.textfile)
+    try:
+        missing = not path.parent.is_dir()
+    except OSError:  # a name the system refuses (too long)
+        missing = True
+    if missing:
+        where = plan.runbook.where(("metrics", "textfile"))
+        message = f"no such directory for the metrics textfile: {path.parent}"
+        raise FatalError(replace(where, message=message))
+    return path
+
+
+class Textfile:
+    """Prometheus metrics of one loop, as an event listener; `close(code)` writes the last file."""
+
+    def __init__(self, path: Path, host: str, warn: Callable[[str], None]) -> None:
+        self.path, self.warn = path, warn
+        registry = self.registry = CollectorRegistry()
+        labels: dict[str, Any] = {"labelnames": ["host"], "registry": registry}
+        self.up = Gauge("ralph_up", "1 while the loop runs, 0 once it has exited.", **labels)
+        self.iterations = Counter("ralph_iterations", "Iterations started.", **labels)
+        self.items = Gauge(
+            "ralph_items",
+            "Checklist items by state.",
+            labelnames=["host", "state"],
+            registry=registry,
+        )
+        self.deaths = Counter(
+            "ralph_deaths", "Deaths of the service, by phase.", ["host", "phase"], registry=registry
+        )
+        self.by_signature = Counter(
+            "ralph_deaths_by_signature",
+            f"Deaths by signature (the first {SIGNATURES} seen; later ones as 'other').",
+            ["host", "signature"],
+            registry=registry,
+        )
+        self.last_death = Gauge(
+            "ralph_last_death_timestamp_seconds", "When the last death was found.", **labels
+        )
+        self.recoveries = Counter(
+            "ralph_recoveries", "Recoveries by outcome.", ["host", "outcome"], registry=registry
+        )
+        self.recovery_seconds = Histogram(
+            "ralph_recovery_duration_seconds",
+            "Time from a death's capture to a healthy service (or giving up).",
+            buckets=RECOVERY_BUCKETS,
+            **labels,
+        )
+        self.attempts = Gauge(
+            "ralph_item_attempts", "Strikes of the current item so far.", **labels
+        )
+        self.exit_code = Gauge(
+            "ralph_exit_code", "The loop's exit code; -1 while it runs.", **labels
+        )
+        self.updated = Gauge(
+            "ralph_last_update_timestamp_seconds", "When this file was last written.", **labels
+        )
+        self.host = host
+        self._signatures: set[str] = set()
+        self._lock = threading.Lock()
+        self._failed = False
+        self._stop = threading.Event()
+        self.up.labels(host).set(1)
+        self.exit_code.labels(host).set(-1)
+        self.iterations.labels(host)  # present (as 0) from the first write
+        self.write()
+        self._heartbeat = threading.Thread(target=self._beat, name="metrics", daemon=True)
+        self._heartbeat.start()
+
+    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
+        handler = getattr(self, "_on_" + kind.replace("-", "_"), None)
+        if handler is not None:
+            with self._lock:
+                handler(fields)
+            self.write()
+
+    def close(self, code: int) -> None:
+        self._stop.set()
+        with self._lock:
+            self.up.labels(self.host).set(0)
+            self.exit_code.labels(self.host).set(code)
+        self.write()
+
+    def write(self) -> None:
+        """Rewrite the file; a failure (full disk, directory gone) is one warning, not a stop."""
+        with self._lock:
+            self.updated.labels(self.host).set(time.time())
+            try:
+                write_to_textfile(str(self.path), self.registry)
+            except OSError as exc:
+                if not self._failed:
+                    self.warn(f"metrics textfile {self.path}: {exc.strerror or exc}")
+                self._failed = True
+                return
+            self._failed = False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            self.write()
+
+    # -- one handler per event kind that moves a metric ----------------------------------
+    def _on_iteration(self, f: dict[str, Any]) -> None:
+        self.iterations.labels(self.host).inc()
+        self._items(f["done"], f["todo"], f["skipped"])
+        self.attempts.labels(self.host).set(f["attempts"])
+
+    def _on_summary(self, f: dict[str, Any]) -> None:
+        self._items(f["done"], f["todo"], f["skipped"])
+        self.attempts.labels(self.host).set(0)
+
+    def _on_done(self, f: dict[str, Any]) -> None:
+        self._move("todo", "done")
+        self.attempts.labels(self.host).set(0)
+
+    def _on_skip(self, f: dict[str, Any]) -> None:
+        self._move("todo", "skipped")
+        self.attempts.labels(self.host).set(0)
+
+    def _on_strike(self, f: dict[str, Any]) -> None:
+        self.attempts.labels(self.host).set(f["strikes"])
+
+    def _on_death(self, f: dict[str, Any]) -> None:
+        self.deaths.labels(self.host, f["phase"]).inc()
+        self.last_death.labels(self.host).set(time.time())
+        signature = f.get("signature")
+        if signature:
+            signature = signature[:SIGNATURE_CHARS]
+            if signature not in self._signatures and len(self._signatures) >= SIGNATURES:
+                signature = "other"
+            self._signatures.add(signature)
+            self.by_signature.labels(self.host, signature).inc()
+
+    def _on_recovery(self, f: dict[str, Any]) -> None:
+        outcome = "recovered" if f["recovered"] else "gave_up"
+        self.recoveries.labels(self.host, outcome).inc()
+        self.recovery_seconds.labels(self.host).observe(f["seconds"])
+
+    def _items(self, done: int, todo: int, skipped: int) -> None:
+        for state, count in (("done", done), ("todo", todo), ("skipped", skipped)):
+            self.items.labels(self.host, state).set(count)
+
+    def _move(self, source: str, target: str) -> None:
+        self.items.labels(self.host, source).dec()
+        self.items.labels(self.host, target).inc()

@@ -1,0 +1,153 @@
+"""Every matching host at once: one `ralph-run` process per host, at most `--forks` at a time.
+
+One loop per process, as Ansible forks one worker per host: a crash or a give-up on one host
+never stops another, and each child is exactly the single-host run (its own workdir, state,
+lock, death log). The children speak `--json`; their events come back here with `host` added,
+so the console (or this process's own `--json`) carries the host on every line, and the run
+ends with one row per host. The exit code is the worst of the hosts' (WORST_FIRST).
+SIGTERM/SIGINT stop every loop through `execute.kill_all`: each child saves its state and
+takes its agent down within CHILD_GRACE, then anything left is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ralph_runner.errors import FatalError, Interrupted
+from ralph_runner.output import Output
+from ralph_runner.process import execute
+from ralph_runner.runbook.plan import Plan
+
+SIGTERM_EXIT = 143
+CHILD_GRACE = 15.0  # seconds a child gets after SIGTERM to save its state and stop its agent
+# Most severe first: the fleet exits with the first of these that any host exited with. An
+# interrupt beats everything; then what needs a person (a crash, a bad runbook, a service that
+# could not be recovered, a broken agent); then a lock held elsewhere; then max_iterations.
+WORST_FIRST = (143, 130, 70, 2, 4, 6, 3, 5)
+
+
+@dataclass
+class HostRun:
+    """What one host's loop said: its last summary and its exit code."""
+
+    host: str
+    code: int | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    deaths: int = 0
+    _partial: str = ""
+
+    def row(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "host": self.host,
+            "done": s.get("done"),
+            "todo": s.get("todo"),
+            "skipped": s.get("skipped"),
+            "deaths": s.get("deaths", self.deaths),
+            "exit_code": self.code,
+        }
+
+
+def child_argv(args: Any, host: str) -> list[str]:
+    """The single-host run of `host`, as the operator would type it, speaking JSON."""
+    argv = [sys.executable, "-m", "ralph_runner", args.runbook, "--limit", host, "--json"]
+    if args.inventory:
+        argv += ["-i", args.inventory]
+    for extra in args.extra_vars:
+        argv += ["-e", extra]
+    return argv + ["-v"] * args.verbose
+
+
+def worst(codes: list[int]) -> int:
+    for code in WORST_FIRST:
+        if code in codes:
+            return code
+    return max(codes, default=0)  # another non-zero code (a custom recovery.exit_code) or 0
+
+
+def check_distinct(plans: list[Plan]) -> None:
+    """Loops on one controller must not share a workdir: they would fight for its lock."""
+    seen: dict[Any, str] = {}
+    for p in plans:
+        if p.workdir in seen:
+            where = p.runbook.where(("workdir",))
+            message = (
+                f"hosts {seen[p.workdir]!r} and {p.host!r} resolve to the same workdir "
+                f"{p.workdir}: template it, e.g. workdir: work/{{{{ inventory_hostname }}}}"
+            )
+            raise FatalError(replace(where, message=message))
+        seen[p.workdir] = p.host
+
+
+def run(plans: list[Plan], args: Any, output: Output) -> int:
+    check_distinct(plans)
+    hosts = [HostRun(p.host) for p in plans]
+    stop = threading.Event()
+    output.event("fleet", hosts=[h.host for h in hosts], forks=args.forks)
+
+    def one(host: HostRun) -> None:
+        result = execute.run(
+            child_argv(args, host.host), cancel=stop, on_output=_reader(host, output)
+        )
+        _flush(host, output)
+        host.code = result.exit_code  # None: stopped by a signal (or never started)
+        output.event("host-done", host=host.host, exit_code=host.code)
+
+    interrupted: Interrupted | None = None
+    with ThreadPoolExecutor(max_workers=args.forks, thread_name_prefix="host") as pool:
+        futures = [pool.submit(one, host) for host in hosts]
+        try:
+            with execute.InterruptsRaise(CHILD_GRACE, on_signal=stop.set):
+                for future in futures:
+                    future.result()
+        except Interrupted as exc:
+            interrupted = exc
+            for future in futures:
+                future.result()
+    signalled = interrupted.exit_code if interrupted else SIGTERM_EXIT
+    for host in hosts:
+        host.code = signalled if host.code is None else host.code
+    rows = [h.row() for h in hosts]
+    code = worst([h.code for h in hosts if h.code is not None])
+    output.event("fleet-summary", hosts=rows, exit_code=code)
+    return code
+
+
+def _reader(host: HostRun, output: Output) -> Callable[[str], None]:
+    """The child's output, a line at a time: JSON events re-emitted with the host."""
+
+    def read(text: str) -> None:
+        *lines, host._partial = (host._partial + text).split("\n")
+        for line in lines:
+            _emit(host, output, line)
+
+    return read
+
+
+def _flush(host: HostRun, output: Output) -> None:
+    if host._partial:
+        _emit(host, output, host._partial)
+        host._partial = ""
+
+
+def _emit(host: HostRun, output: Output, line: str) -> None:
+    if not line.strip():
+        return
+    try:
+        event = json.loads(line)
+        kind = event.pop("event")
+        event.pop("time", None)
+    except (ValueError, KeyError, AttributeError):
+        output.event("host-says", host=host.host, text=line)  # e.g. an error on stderr
+        return
+    if kind == "summary":
+        host.summary = event
+    elif kind == "death":
+        host.deaths = max(host.deaths, event.get("death", 0))
+    output.event(kind, **{**event, "host": host.host})

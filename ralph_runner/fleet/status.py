@@ -1,0 +1,136 @@
+"""`ralph-run status -i INVENTORY`: every host's loop, read over the host's own connection.
+
+Each host runs its own loop (deployed by deploy/playbook.yml), so its `.ralph/status.json`
+lies on that host. All hosts are read at once, each under `timeout` seconds, so one host that
+does not answer says "unreachable" and never holds up the table. Where the loop lives on each
+host: the runbook's `workdir` rendered with that host's variables, or a directory given on the
+command line (a template too: `/srv/ralph/{{ inventory_hostname }}`), or, by default, the host
+variable `ralph_workdir` that the deploy playbook sets.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ralph_runner.errors import FatalError, Problem
+from ralph_runner.loop.state import STATE_DIR
+from ralph_runner.process import connection
+from ralph_runner.runbook import inventory, plan, templating
+
+DEFAULT_WORKDIR = "{{ ralph_workdir | default('.') }}"
+READ_STATUS = (  # one round trip: the status file, then whether its pid still runs there
+    "cat -- {file} && pid=$(sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p' {file} | head -n 1)"
+    ' && printf "\\n%s\\n" "$( [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo alive'
+    ' || echo gone)"'
+)
+
+
+def workdirs(target: str | None, inventory_path: str, limit: str | None) -> dict[str, str]:
+    """Host -> the directory of its loop, as that host sees it."""
+    if target and Path(target).is_file():  # a runbook: its workdir, rendered per host
+        plans = plan.build(target, inventory_path, limit)
+        return {p.host: _remote_form(p) for p in plans}
+    inv = inventory.load(inventory_path)
+    hosts = inv.select(limit or "all", where=Problem("", path="--limit"))
+    cwd = Path.cwd()
+    templar = templating.Templar(cwd, cwd=cwd)
+    found = {}
+    for host in hosts:
+        variables = {**inv.host_vars(host), "inventory_hostname": host}
+        where = Problem("", path="status target")
+        found[host] = templar.render(target or DEFAULT_WORKDIR, variables, where=where)
+    return found
+
+
+def read_all(inventory_path: str, places: dict[str, str], timeout: float) -> list[dict[str, Any]]:
+    inv = inventory.load(inventory_path)
+
+    def one(host: str) -> dict[str, Any]:
+        try:
+            conn = connection.for_host({**inv.host_vars(host), "inventory_hostname": host})
+        except FatalError as exc:
+            return {"host": host, "reachable": False, "error": str(exc.problems[0])}
+        return read_one(host, conn, places[host], timeout)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(places)))) as pool:
+        return list(pool.map(one, places))
+
+
+def read_one(
+    host: str, conn: connection.Connection, workdir: str, timeout: float
+) -> dict[str, Any]:
+    """One host's status, or why it could not be read; never raises, never outlives timeout."""
+    started = time.monotonic()
+    status_file = f"{workdir.rstrip('/')}/{STATE_DIR}/status.json"
+    quoted = status_file if status_file.startswith("~/") else shlex.quote(status_file)
+    result = conn.shell(READ_STATUS.format(file=quoted), timeout=timeout)
+    seconds = round(time.monotonic() - started, 3)
+    base = {"host": host, "workdir": workdir, "seconds": seconds}
+    if result.timed_out:
+        return {**base, "reachable": False, "error": f"no answer within {timeout:g} s"}
+    if result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
+        lines = result.output.strip().splitlines()
+        return {**base, "reachable": False, "error": lines[-1] if lines else "ssh failed"}
+    if result.exit_code != 0:
+        return {**base, "reachable": True, "error": f"no status at {status_file}"}
+    text, _, liveness = result.output.rstrip("\n").rpartition("\n")
+    try:
+        status = json.loads(text)
+    except ValueError:
+        return {**base, "reachable": True, "error": f"unreadable status at {status_file}"}
+    running = bool(status.get("running")) and liveness.strip() == "alive"
+    return {**status, **base, "reachable": True, "running": running}
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ("host", "state", "iter", "done", "todo", "skipped", "deaths", "last death", "updated")
+    lines = [header]
+    for row in rows:
+        if "error" in row:
+            state = "unreachable" if not row["reachable"] else "no status"
+            lines.append((row["host"], f"{state}: {row['error']}", *[""] * 7))
+            continue
+        state = "running" if row["running"] else row.get("status", "?")
+        if not row["running"] and row.get("status") == "running":
+            state = "dead (was running)"
+        last = row.get("last_death") or {}
+        lines.append(
+            (
+                row["host"],
+                state,
+                str(row.get("iteration", 0)),
+                str(row.get("done", 0)),
+                str(row.get("todo", 0)),
+                str(row.get("skipped", 0)),
+                str(row.get("deaths", 0)),
+                f"{last.get('time', '')} {last.get('phase', '')}".strip() or "-",
+                _ago(row.get("updated")),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines if len(line) > i) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip()
+        for line in lines
+    ]
+
+
+def _ago(updated: Any) -> str:
+    if not isinstance(updated, int | float):
+        return "-"
+    seconds = max(0, int(time.time() - updated))
+    return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago"
+
+
+def _remote_form(p: plan.Plan) -> str:
+    """A plan's workdir as text for its host: local hosts get the resolved path; remote ones
+    the runbook's rendered `workdir` as written (relative = from the remote login directory)."""
+    conn = p.connection_for(None)
+    if not isinstance(conn, connection.Ssh):
+        return str(p.workdir)
+    where = p.runbook.where(("workdir",))
+    return p.templar.render(p.model.workdir, p.variables, where=where)

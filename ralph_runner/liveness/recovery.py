@@ -1,0 +1,111 @@
+"""Bring the service back: steps with attempts, delay and backoff, then wait for health."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ralph_runner.liveness.health import Health
+from ralph_runner.probes import ProbeResult
+from ralph_runner.runbook import tasks
+from ralph_runner.runbook.loader import TaskSpec
+from ralph_runner.runbook.schema import Recovery
+
+HUNG = {"stalled", "timeout"}  # up, but not doing its work: stop it before starting another
+# `death` as `--check` renders recovery steps with it (the real one exists only at a death)
+SAMPLE_DEATH = {
+    "number": 1,
+    "phase": "during-step",
+    "time": "<time of the death>",
+    "probes": [],
+    "reasons": [],
+    "hung": False,
+}
+
+
+@dataclass
+class Outcome:
+    recovered: bool
+    attempts: int
+    seconds: float
+    reason: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def death_of(number: int, phase: str, time: str, results: list[ProbeResult]) -> dict[str, Any]:
+    """What recovery steps see as `death`: which death, when, and how the probes failed."""
+    reasons = sorted({r.reason for r in results if not r.ok and r.reason})
+    probes = [
+        {"name": r.name, "kind": r.kind, "ok": r.ok, "reason": r.reason, "detail": r.detail}
+        for r in results
+    ]
+    return {  # schema.DEATH_FIELDS: the loader checks `when:` against them
+        "number": number,
+        "phase": phase,
+        "time": time,
+        "probes": probes,
+        "reasons": reasons,
+        "hung": bool(HUNG.intersection(reasons)),
+    }
+
+
+def recover(
+    config: Recovery,
+    specs: list[TaskSpec],
+    group: tasks.TaskGroup,
+    variables: dict[str, Any],
+    health: Health,
+    stop: threading.Event,
+    emit: Callable[..., None] = lambda kind, **fields: None,
+) -> Outcome:
+    """One attempt = the steps in order (a failing step ends it), then probes until healthy.
+    `emit` hears each step start (`recovery-step`) and each failed attempt with the wait
+    before the next (`recovery-failed`, `retry_in` None after the last)."""
+    started = time.monotonic()
+    steps: list[dict[str, Any]] = []
+    reason = None
+    for attempt in range(1, config.attempts + 1):
+        failed = None
+        for spec in specs:
+            emit("recovery-step", attempt=attempt, step=spec.name)
+            result = tasks.run(spec, group, variables, stop)
+            steps.append(_step(attempt, spec, result))
+            if not result.ok and not spec.task.ignore_errors:
+                failed = f"step {spec.name!r} failed ({_why(result)})"
+                break
+        if failed is None:
+            healthy, _ = health.wait_healthy(config.healthy_within, cancel=stop)
+            if healthy:
+                return Outcome(True, attempt, time.monotonic() - started, None, steps)
+            failed = f"not healthy within {config.healthy_within:g} s after the steps"
+        reason = f"{failed} (attempt {attempt} of {config.attempts})"
+        last = attempt == config.attempts
+        pause = None if last else config.delay * config.backoff ** (attempt - 1)
+        emit("recovery-failed", attempt=attempt, reason=failed, retry_in=pause)
+        if pause is not None and stop.wait(pause):
+            break
+    return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)
+
+
+def _why(result) -> str:
+    if result.timed_out:
+        return "timed out"
+    if result.cancelled:
+        return "interrupted"
+    return f"exit {result.exit_code}"
+
+
+def _step(attempt: int, spec: TaskSpec, result) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "name": spec.name,
+        "ok": result.ok,
+        "skipped": bool(result.data.get("skipped")),  # its `when:` was false
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "seconds": round(result.seconds, 3),
+        "output": "\n".join(result.output.splitlines()[-10:]),
+    }

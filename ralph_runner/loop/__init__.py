@@ -1,0 +1,1 @@
+"""The Ralph loop itself: iterations, the checklist, strikes, the state files, git."""

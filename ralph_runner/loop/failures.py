@@ -1,0 +1,163 @@
+"""What a failed step said, and when failures mean the agent itself is broken.
+
+A step's output becomes an *output tail*: ANSI escapes and progress-bar overwrites removed,
+secrets masked, at most `TAIL_LINES` lines and `TAIL_BYTES` bytes (the end of the output: where
+an agent prints its error). Reasons shown on one line are cut at a word boundary or not at all.
+
+A failed attempt gets *signatures*; two failures on consecutive different items that share a
+signature mean the agent is broken (exit 6), not the items:
+
+- the same failing step, the same status (exit code, timed out) and the same output tail once
+  numbers, paths, hex ids, the item's text and whitespace are normalised away
+  ("Model not found" on every item, a missing binary's exit 127);
+- "exited at once without touching the repository": the item's command steps took less than
+  `AT_ONCE_SECONDS` together and `git status` (HEAD and the changed paths, agent housekeeping
+  left out) is the same after the attempt as before it.
+
+A verify failure alone ("no new commit") is no signature: genuinely hard items fail it the
+same way. Deaths never count: an attempt that saw one is retried, not compared.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ralph_runner.durable.redaction import Redactor
+
+TAIL_LINES = 20
+TAIL_BYTES = 2048
+REASON_CHARS = 200
+AT_ONCE_SECONDS = 10.0
+AT_ONCE = "exited at once without touching the repository"
+
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase line
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, hyperlinks
+    r"|\x1b[@-Z\\-_]"  # the other two-byte escapes
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", re.IGNORECASE)
+_PATH = re.compile(r"(?:~|\.{1,2})?/[\w.@+-]+(?:/[\w.@+-]*)*")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def clean(text: str) -> str:
+    """The text a person would have seen on a terminal: no escapes, the last `\\r` overwrite of
+    each line (progress bars), no other control characters, no trailing blanks."""
+    lines = []
+    for line in _ANSI.sub("", text).split("\n"):
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+        lines.append(_CONTROL.sub("", line).rstrip())
+    return "\n".join(lines).strip("\n")
+
+
+def output_tail(text: str, redactor: Redactor) -> str:
+    """The end of a step's output, cleaned, masked, at most TAIL_LINES lines / TAIL_BYTES bytes."""
+    lines = [line for line in redactor.text(clean(text)).split("\n")]
+    kept = "\n".join(lines[-TAIL_LINES:]).strip("\n")
+    data = kept.encode("utf-8")
+    if len(data) <= TAIL_BYTES:
+        return kept
+    cut = data[-TAIL_BYTES:].decode("utf-8", errors="ignore")
+    newline = cut.find("\n")
+    return cut[newline + 1 :] if 0 <= newline < len(cut) - 1 else cut
+
+
+def shorten(text: str, limit: int = REASON_CHARS) -> str:
+    """`text` on one line, cut at the last word boundary before `limit` (with "…"), or whole
+    when it has no boundary to cut at."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    boundary = text.rfind(" ", 0, limit)
+    return text if boundary <= 0 else text[:boundary].rstrip(" ,;:") + " …"
+
+
+def status_text(exit_code: int | None, timed_out: bool, cancelled: bool, output: str = "") -> str:
+    """How a step ended, in words: never "exit None"."""
+    if cancelled:
+        return "killed (service died)"
+    if timed_out:
+        return "timed out"
+    if exit_code is not None:
+        if 128 < exit_code <= 128 + 64:
+            try:
+                return f"exit {exit_code} ({signal.Signals(exit_code - 128).name})"
+            except ValueError:
+                pass
+        return f"exit {exit_code}"
+    return shorten(clean(output).replace("\n", "; ")) or "failed"
+
+
+def reason(step: str, status: str, tail: str, from_process: bool) -> str:
+    """The one-line reason of a strike: step, status and the last line the step printed."""
+    last = next((line for line in reversed(tail.split("\n")) if line.strip()), "")
+    if not from_process or not last:
+        return f"{step}: {status}"
+    return f"{step}: {status}: {shorten(last)}"
+
+
+def normalise(text: str, item: str) -> str:
+    """The error text with what differs between items and runs taken out."""
+    if item.strip():
+        text = re.sub(rf"(?<!\w){re.escape(item.strip())}(?!\w)", "<item>", text)
+    text = _HEX.sub("<hex>", text)
+    text = _PATH.sub("<path>", text)
+    text = _NUMBER.sub("#", text)
+    return " ".join(text.split())
+
+
+@dataclass
+class Failure:
+    """One failed attempt at an item, as the broken-agent rule compares them."""
+
+    item: str
+    reason: str
+    output_tail: str
+    signatures: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "item": self.item,
+            "reason": self.reason,
+            "output_tail": self.output_tail,
+            "signatures": self.signatures,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Failure | None:
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(
+                str(data["item"]),
+                str(data.get("reason", "")),
+                str(data.get("output_tail", "")),
+                [str(s) for s in data.get("signatures", [])],
+            )
+        except (KeyError, TypeError):
+            return None
+
+    def same_as(self, other: Failure | None) -> bool:
+        return other is not None and bool(set(self.signatures) & set(other.signatures))
+
+
+def signatures(
+    step: str,
+    status: str,
+    tail: str,
+    item: str,
+    *,
+    from_process: bool,
+    at_once_untouched: bool,
+) -> list[str]:
+    """The ways this failure can be "the same" as another one (see the module's docstring)."""
+    found = []
+    if from_process:
+        found.append(f"{step}: {status}: {normalise(tail, item)}")
+    if at_once_untouched:
+        found.append(AT_ONCE)
+    return found

@@ -1,0 +1,507 @@
+"""The Ralph loop: one checklist item per iteration, steps as tasks, no false strikes."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from ralph_runner.actions import TaskResult
+from ralph_runner.deaths import wiring
+from ralph_runner.durable.redaction import Redactor
+from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
+from ralph_runner.liveness.service import Service
+from ralph_runner.liveness.step_watch import Watch
+from ralph_runner.loop import checklist, failures, git, housekeeping, state
+from ralph_runner.loop.failures import Failure
+from ralph_runner.output import Output
+from ralph_runner.process import execute, orphans
+from ralph_runner.runbook import tasks
+from ralph_runner.runbook.loader import TaskSpec
+from ralph_runner.runbook.plan import Plan, death_log_for, health_for
+
+EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
+SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
+UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
+QUICK = {"ensure_alive", "verify"}  # steps of milliseconds: status.json skips them (a death saves)
+
+
+class Runner:
+    """Runs one plan's loop until the checklist is done, max_iterations, give-up or a signal."""
+
+    def __init__(self, plan: Plan, output: Output) -> None:
+        self.plan, self.output = plan, output
+        self.model = plan.model
+        self.store = state.Store(plan.workdir, output.redactor, self._warn)
+        self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
+        self.stop = threading.Event()
+        self.state = state.State()
+        self.started = time.monotonic()
+        self.iteration_vars: dict[str, Any] = {}
+        self.redactor = Redactor(plan.secret_values())
+        self.ignore = _housekeeping_patterns(plan)
+        self.in_repo = False
+        self.before: git.Snapshot | None = None  # the work tree when the iteration began
+        self.after: git.Snapshot | None = None  # ... when verify looked at it
+        self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
+        self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
+        self._partial_line = ""
+        self.signals = execute.InterruptsRaise()
+        # The checklist's counts for status.json and death records, read again only after
+        # something that can change the file ran (a process step, a recovery, a skip).
+        self._counts: checklist.Counts | None = None
+
+    # -- the run --------------------------------------------------------------
+    def run(self) -> int:
+        """The loop's exit code; an interrupt is reported (state saved) and raised on to the CLI."""
+        try:
+            return self._run()
+        except Interrupted as exc:
+            self.output.event("interrupted", signal=str(exc), exit_code=exc.exit_code)
+            raise
+
+    def _run(self) -> int:
+        self._preflight()
+        with (
+            self.store.lock(),
+            self.signals,
+            orphans.recorded(self.store.dir),
+            execute.tree_guard(),
+            wiring.attached(self.plan, self.output, self.store.dir),
+        ):
+            self.state = self._resume()
+            death_log = death_log_for(self.plan)
+            git.exclude_from_git(
+                self.plan.workdir,
+                [self.store.dir, death_log.log_path, death_log.records_path],
+                self.ignore,
+            )
+            self.housekeeping = housekeeping.filter_for(self.plan.workdir, self.ignore)
+            health = health_for(self.plan)
+            self.service = Service(
+                self.plan, health, death_log, self.state, self._save, self.stop, self.output.event
+            )
+            self.health = health
+            # What imports and the runbook's load made lives as long as the run: the collector
+            # need not walk it again and again (its oldest generation took ~0.6 ms an iteration).
+            gc.freeze()
+            try:
+                code = self._loop()
+                state.move(self.state, "finished" if code == EXIT_DONE else "stopped")
+                return code
+            except GaveUp:
+                state.move(self.state, "gave-up")
+                raise
+            except AgentBroken:
+                state.move(self.state, "agent-broken")
+                raise
+            except FatalError:  # e.g. a template error in a step: fix the runbook, run again
+                state.move(self.state, "failed")
+                raise
+            except Interrupted:
+                self.stop.set()
+                execute.kill_all()
+                state.move(self.state, "interrupted")
+                raise
+            except Exception:  # a bug in ralph-run: said as such, and resumed by the next run
+                state.move(self.state, "crashed")
+                raise
+            finally:
+                health.close()
+                self.state.phase = None
+                self._save()
+
+    def _preflight(self) -> None:
+        """What would only fail at the first iteration fails now, at its line in the runbook."""
+        if not checklist.present(self.checklist_path):
+            where = self.plan.runbook.where(("checklist", "path"))
+            raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
+        committing = [
+            spec
+            for spec in self.plan.runbook.loop_steps
+            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
+        ]
+        self.in_repo = git.is_repo(self.plan.workdir)
+        if committing and not self.in_repo:
+            message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
+            raise FatalError(replace(committing[0].where, message=message))
+
+    def _resume(self) -> state.State:
+        loaded = self.store.load()
+        if loaded.status in state.STARTS_OVER:
+            loaded.iteration = 0
+            loaded.started = time.time()
+        else:
+            self.output.event(
+                "resume", iteration=loaded.iteration, deaths=loaded.deaths, item=loaded.current_item
+            )
+        loaded.pid = os.getpid()
+        state.move(loaded, "running")
+        loaded.agent_broken = None  # it explained the last stop; this run starts over
+        return loaded
+
+    def _loop(self) -> int:
+        limit = self.model.loop.max_iterations
+        while True:
+            self.signals.raise_pending()
+            text = checklist.read(self.checklist_path)
+            self._counts = checklist.counts(text)
+            item = checklist.next_todo(text)
+            if item is None:
+                self._summary(text)
+                return EXIT_DONE
+            if limit and self.state.iteration >= limit:
+                self._summary(text, stopped=True)
+                return EXIT_MAX_ITERATIONS
+            self._iteration(item)
+
+    def _iteration(self, item: checklist.Item) -> None:
+        st = self.state
+        st.iteration += 1
+        st.current_item = item.text
+        st.phase = None  # not the last iteration's verify: QUICK steps write no status
+        self._save()
+        deaths_before = st.deaths
+        self.failed_step, self.after = None, None
+        self.before, self.known = self.known or self._snapshot(), None
+        variables = self._variables(item)
+        self.output.event(
+            "iteration",
+            iteration=st.iteration,
+            item=item.text,
+            attempts=variables["item"]["attempts"],
+            done=variables["checklist"]["done"],
+            todo=variables["checklist"]["todo"],
+            skipped=variables["checklist"]["skipped"],
+            deaths=st.deaths,
+            prompt_size=variables["prompt_size"],
+            prompt_bytes=variables["prompt_bytes"],
+        )
+        group = tasks.TaskGroup(
+            self.plan,
+            connection=self.plan.controller(),
+            cwd=self.plan.workdir,
+            run=self,
+            on_output=self._show_output if self.output.verbose else None,
+        )
+        failed: dict[str, Any] | None = None
+        agent_seconds, after_verify = 0.0, False
+        for spec in self.plan.runbook.loop_steps:
+            if failed and spec.kind != "ensure_alive":
+                continue  # after a failure only health checks run: a death must still be seen
+            result = self._step(spec, group, variables)
+            if spec.kind not in UNWATCHED:
+                agent_seconds += result.seconds
+            ran_after = self.after is not None and spec.kind not in ("verify", "ensure_alive")
+            after_verify = after_verify or ran_after
+            if not result.ok and not spec.task.ignore_errors and not failed:
+                failed = self._step_record(spec, result)
+                self.failed_step = failed
+        if failed and st.deaths == deaths_before and self.plan.runbook.probes:
+            # A dying server may still answer for a moment after failing the agent's call
+            # (vLLM's /v1/models answers 200 for ~0.3 s after its engine died, then the API
+            # server exits): look again, at least SETTLE s later, before blaming the item.
+            self.stop.wait(max(self.model.health.interval, SETTLE))
+            self._ensure_alive("after-failure")
+        died = st.deaths > deaths_before
+        # What verify saw is the next iteration's start, unless something ran after it.
+        self.known = None if died or after_verify else self.after
+        self._settle(item, failed, died, agent_seconds)
+
+    def _step_record(self, spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
+        """A failed or killed step as reports show it: how it ended and its last words."""
+        status = failures.status_text(
+            result.exit_code, result.timed_out, result.cancelled, result.output
+        )
+        from_process = spec.kind not in UNWATCHED
+        tail = failures.output_tail(result.output, self.redactor) if from_process else ""
+        return {
+            "name": spec.name,
+            "status": status,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "killed": result.cancelled,
+            "output_tail": tail,
+            "reason": failures.reason(spec.name, status, tail, from_process),
+            "from_process": from_process,
+        }
+
+    def _step(self, spec: TaskSpec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
+        self.state.phase = spec.name
+        if spec.kind not in QUICK:
+            self._save(status_only=True)  # for people watching; the state has not moved
+        self.output.event("step", step=spec.name, action=spec.kind)
+        started = time.monotonic()
+        watch_every = self.model.health.watch if self.plan.runbook.probes else 0
+        if spec.kind in UNWATCHED:
+            watch_every = 0
+        with Watch(self.health, watch_every, self.state.iteration) as watch:
+            result = tasks.run(spec, group, variables, watch.cancel)
+        if spec.kind not in UNWATCHED:
+            self._counts = None  # the agent may have ticked its item
+        self.signals.raise_pending()  # the step was killed by a signal: no strike for it
+        self._flush_output()
+        ok = result.ok
+        self.output.event(
+            "step-done",
+            step=spec.name,
+            ok=ok,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            killed=result.cancelled,
+            status="ok"
+            if ok
+            else failures.status_text(
+                result.exit_code, result.timed_out, result.cancelled, result.output
+            ),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        if watch.rounds is not None:
+            self.output.event("watch", step=spec.name, killed=True)
+            killed = self._step_record(spec, result)
+            self.service.died("during-step", watch.rounds, {**self._facts(), "step": killed})
+        return result
+
+    def _settle(
+        self,
+        item: checklist.Item,
+        failed: dict[str, Any] | None,
+        died: bool,
+        agent_seconds: float,
+    ) -> None:
+        st = self.state
+        if failed is None:
+            st.strikes.pop(item.text, None)
+            st.last_failure, st.streak_skipped = None, []
+            self.output.event("done", item=item.text)
+        elif died:
+            self.output.event("retry", item=item.text, reason=failed["reason"])
+        else:
+            failure = self._failure(item, failed, agent_seconds)
+            previous = Failure.from_dict(st.last_failure)
+            if previous is not None and failure.same_as(previous):
+                if previous.item != item.text:
+                    self._agent_broken(previous, failure)
+            else:
+                st.streak_skipped = []
+            st.last_failure = failure.as_dict()
+            strikes = st.strikes.get(item.text, 0) + 1
+            st.strikes[item.text] = strikes
+            self.output.event(
+                "strike",
+                item=item.text,
+                strikes=strikes,
+                of=self.model.checklist.strikes,
+                reason=failure.reason,
+                output_tail=failure.output_tail,
+            )
+            if strikes >= self.model.checklist.strikes:
+                self._skip(item, strikes)
+                st.streak_skipped.append(item.text)
+        st.current_item = None
+        self._save()
+
+    def _failure(
+        self, item: checklist.Item, failed: dict[str, Any], agent_seconds: float
+    ) -> Failure:
+        """The attempt as the broken-agent rule compares it (see failures.py)."""
+        untouched = False
+        if agent_seconds < failures.AT_ONCE_SECONDS and self.before is not None:
+            untouched = (self.after or self._snapshot()) == self.before
+        signatures = failures.signatures(
+            failed["name"],
+            failed["status"],
+            failed["output_tail"],
+            item.text,
+            from_process=failed["from_process"],
+            at_once_untouched=untouched,
+        )
+        return Failure(
+            item=item.text,
+            reason=failed["reason"],
+            output_tail=failed["output_tail"],
+            signatures=signatures,
+        )
+
+    def _agent_broken(self, previous: Failure, failure: Failure) -> None:
+        """Stop (exit 6): the agent, not the item, is failing. The failure is no strike, and the
+        last failure charged to an item stays the one to compare with, so that a run started
+        again without a fix stops at its first failure."""
+        st = self.state
+        skipped = list(st.streak_skipped)
+        st.agent_broken = {
+            "reason": failure.reason,
+            "output_tail": failure.output_tail,
+            "items": [previous.item, failure.item],
+            "skipped": skipped,
+        }
+        st.current_item = None
+        self.output.event(
+            "agent-broken",
+            item=failure.item,
+            previous_item=previous.item,
+            reason=failure.reason,
+            output_tail=failure.output_tail,
+            skipped=skipped,
+            exit_code=EXIT_AGENT_BROKEN,
+        )
+        message = (
+            f"the agent is broken: it failed the same way on {previous.item!r} and "
+            f"{failure.item!r} while the service was healthy ({failure.reason}); "
+            "stopped instead of skipping the rest"
+        )
+        if skipped:
+            message += (
+                f"; skipped meanwhile: {', '.join(repr(i) for i in skipped)} "
+                "(set them back to '- [ ]' to retry them)"
+            )
+        raise AgentBroken(message + ". Fix the agent's set-up and run again.", EXIT_AGENT_BROKEN)
+
+    def _skip(self, item: checklist.Item, strikes: int) -> None:
+        text = checklist.read(self.checklist_path)
+        current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
+        if current is not None:
+            checklist.write(self.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
+            if self.in_repo:
+                message = f"skip: {item.text} ({strikes} failures)"
+                git.commit_paths(self.plan.workdir, message, self.checklist_path)
+                self.known = None  # HEAD moved
+        self._counts = None
+        self.state.strikes.pop(item.text, None)
+        self.output.event("skip", item=item.text, strikes=strikes)
+
+    def _show_output(self, text: str) -> None:
+        """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks), without
+        the escape codes that would garble a log file or move a terminal's cursor."""
+        *lines, self._partial_line = (self._partial_line + text).split("\n")
+        for line in lines:
+            self.output.event("output", step=self.state.phase, text=failures.clean(line))
+
+    def _flush_output(self) -> None:
+        if self._partial_line:
+            text = failures.clean(self._partial_line)
+            self.output.event("output", step=self.state.phase, text=text)
+            self._partial_line = ""
+
+    # -- what the runbook's actions call ---------------------------------------
+    def ensure_alive(self, phase: str, context: dict[str, Any]) -> TaskResult:
+        started = time.monotonic()
+        self._ensure_alive(phase, context)
+        return TaskResult(ok=True, seconds=time.monotonic() - started)
+
+    def _ensure_alive(self, phase: str, context: dict[str, Any] | None = None) -> None:
+        self.state.phase = phase
+        facts = {**self._facts(), **({"context": context} if context else {})}
+        deaths = self.state.deaths
+        self.service.ensure_alive(phase, facts, self.state.iteration)
+        if self.state.deaths != deaths:
+            self._counts = None  # recovery steps ran
+
+    def look_at_tree(self) -> git.Snapshot | None:
+        """The work tree now, for verify; kept as what the next iteration starts from."""
+        self.after = self._snapshot()
+        return self.after
+
+    # -- helpers ---------------------------------------------------------------
+    def _snapshot(self) -> git.Snapshot | None:
+        """HEAD and the changed paths, agent housekeeping left out; None outside a repository."""
+        if not self.in_repo:
+            return None
+        return git.snapshot(self.plan.workdir).without(self.housekeeping)
+
+    def _variables(self, item: checklist.Item) -> dict[str, Any]:
+        counts = self._checklist_counts()
+        item_vars = {
+            "text": item.text,
+            "line": item.line,
+            "index": item.index,
+            "attempts": self.state.strikes.get(item.text, 0),
+        }
+        variables = {
+            **self.plan.variables,
+            "iteration": self.state.iteration,
+            "item": item_vars,
+            "checklist": counts.as_dict(),
+            "deaths": self.state.deaths,
+            "phase": None,
+        }
+        where = self.plan.runbook.where(("prompt",))
+        prompt = self.plan.templar.render(self.model.prompt, variables, where=where)
+        variables.update(
+            prompt=prompt, prompt_size=len(prompt), prompt_bytes=len(prompt.encode("utf-8"))
+        )
+        self.iteration_vars = variables
+        return variables
+
+    def _checklist_counts(self) -> checklist.Counts:
+        if self._counts is None:
+            self._counts = checklist.counts(checklist.read(self.checklist_path))
+        return self._counts
+
+    def _facts(self) -> dict[str, Any]:
+        variables = self.iteration_vars
+        counts = self._checklist_counts()
+        return {
+            "iteration": self.state.iteration,
+            "item": variables.get("item"),
+            **({"step": self.failed_step} if self.failed_step else {}),
+            "prompt_size": variables.get("prompt_size"),
+            "prompt_bytes": variables.get("prompt_bytes"),
+            "checklist": counts.as_dict(),
+            "variables": {**variables, "checklist": counts.as_dict()},
+        }
+
+    def _save(self, status_only: bool = False) -> None:
+        """Persist state and status; a full disk is reported, and the loop goes on."""
+        try:
+            if not status_only:
+                self.store.save(self.state)
+            self.store.write_status(self._status())
+        except FatalError as exc:
+            self.output.event("warning", message=f"state not saved: {exc}")
+
+    def _warn(self, message: str) -> None:
+        self.output.event("warning", message=message)
+
+    def _status(self) -> dict[str, Any]:
+        counts = self._checklist_counts()
+        st = self.state
+        return {
+            "status": st.status,
+            "pid": st.pid,
+            "running": st.status == "running",
+            "iteration": st.iteration,
+            "item": st.current_item,
+            "phase": st.phase,
+            **counts.as_dict(),
+            "deaths": st.deaths,
+            "last_death": st.last_death,
+            "agent_broken": st.agent_broken,
+            "updated": time.time(),
+            "workdir": str(self.plan.workdir),
+        }
+
+    def _summary(self, text: str, stopped: bool = False) -> None:
+        counts = checklist.counts(text)
+        self.output.event(
+            "summary",
+            stopped_at_max=stopped,
+            iterations=self.state.iteration,
+            done=counts.done,
+            todo=counts.todo,
+            skipped=counts.skipped,
+            deaths=self.state.deaths,
+            seconds=round(time.monotonic() - self.started, 1),
+        )
+
+
+def _housekeeping_patterns(plan: Plan) -> list[str]:
+    """The agents' own files: the built-in list and every verify step's `ignore:`."""
+    patterns = list(housekeeping.DEFAULT_IGNORE)
+    for spec in plan.runbook.loop_steps:
+        if spec.kind == "verify" and spec.params is not None:
+            patterns.extend(p for p in spec.params.ignore if p not in patterns)
+    return patterns

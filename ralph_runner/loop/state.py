@@ -1,0 +1,258 @@
+"""The loop's durable state under <workdir>/.ralph/: a killed run restarts where it stopped.
+
+Every file here is replaced atomically (temp file, rename), so a run killed with SIGKILL leaves
+either the old or the new content, never half of it; state.json is also fsynced (file and
+directory) whenever strikes, deaths or the run's status change, so a power cut loses none of them.
+One run at a time owns a workdir: `.ralph/lock` is held with flock, which the kernel releases when
+the holder dies, so a lock left behind by a killed run is simply taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ralph_runner.durable.files import write_atomic
+from ralph_runner.errors import FatalError, Problem
+
+if TYPE_CHECKING:
+    from ralph_runner.durable.redaction import Redactor
+
+STATE_DIR = ".ralph"
+# The run states, Supervisor-style: a fixed set, and the moves allowed between them.
+STATUSES = (
+    "idle",  # never run
+    "running",  # a run holds the workdir (or was killed with -9 while it did)
+    "finished",  # the checklist is done (exit 0)
+    "stopped",  # max_iterations reached with items left (exit 5)
+    "gave-up",  # the service could not be recovered (recovery.exit_code)
+    "agent-broken",  # the agent failed the same way on two items (exit 6)
+    "interrupted",  # SIGINT/SIGTERM (exit 130/143)
+    "failed",  # a FatalError in the run, e.g. a template error in a step (exit 2)
+    "crashed",  # an unexpected exception: a bug in ralph-run (exit 70)
+)
+ENDED = STATUSES[2:]
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "idle": frozenset({"running"}),
+    # running -> running: a run killed with -9 left "running" behind; the next one resumes it
+    "running": frozenset(STATUSES[1:]),
+    **{ended: frozenset({"running"}) for ended in ENDED},
+}
+# A run that starts from these starts over (iteration 0); from the others it resumes.
+STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken"})
+
+# What changes at every iteration and step: saved with a rename, fsynced with the rest only (a
+# power cut may set the iteration count back by the healthy iterations since).
+VOLATILE = frozenset({"iteration", "current_item", "phase"})
+
+
+@dataclass
+class State:
+    """What a restarted run needs to continue: counters, strikes, the item in hand."""
+
+    iteration: int = 0
+    strikes: dict[str, int] = field(default_factory=dict)  # item text -> strikes so far
+    deaths: int = 0
+    death_times: list[float] = field(default_factory=list)  # epoch seconds, for crash-loop windows
+    current_item: str | None = None
+    phase: str | None = None
+    pid: int | None = None
+    started: float | None = None  # epoch of the first start of this run
+    status: str = "idle"  # one of STATUSES
+    last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
+    # The broken-agent rule (failures.py): the last failed attempt, the items skipped while
+    # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
+    last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
+    streak_skipped: list[str] = field(default_factory=list)
+    agent_broken: dict[str, Any] | None = None  # {reason, output_tail, items, skipped}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        """Build a State from saved data; unknown keys are ignored (a newer ralph-run wrote them).
+
+        Raises ValueError when a known key holds the wrong type.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name, value in known.items():
+            if not _VALID[name](value):
+                raise ValueError(f"{name!r} has an invalid value: {value!r}")
+        return cls(**known)
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not allow: a bug in ralph-run, not something an operator did."""
+
+
+def move(state: State, to: str) -> None:
+    """The one way the run's status changes: refuses a move TRANSITIONS does not allow."""
+    if to not in TRANSITIONS.get(state.status, ()):
+        raise IllegalTransition(f"run status cannot move from {state.status!r} to {to!r}")
+    state.status = to
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+_VALID = {
+    "iteration": _is_int,
+    "strikes": lambda v: isinstance(v, dict) and all(_is_int(n) for n in v.values()),
+    "deaths": _is_int,
+    "death_times": lambda v: isinstance(v, list) and all(_is_number(t) for t in v),
+    "current_item": lambda v: v is None or isinstance(v, str),
+    "phase": lambda v: v is None or isinstance(v, str),
+    "pid": lambda v: v is None or _is_int(v),
+    "started": lambda v: v is None or _is_number(v),
+    "status": lambda v: v in STATUSES,
+    "last_death": lambda v: v is None or isinstance(v, dict),
+    "last_failure": lambda v: v is None or isinstance(v, dict),
+    "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    "agent_broken": lambda v: v is None or isinstance(v, dict),
+}
+
+
+class Store:
+    """The files of `<workdir>/.ralph/`: state.json, status.json and the lock.
+
+    redactor: masks secrets in everything written (a death's reason carries the probe URL).
+    warn: told what could not be written where the loop goes on anyway (the lock's pid).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        redactor: Redactor | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.redactor = redactor
+        self.warn = warn or (
+            lambda message: print(f"ralph-run: warning: {message}", file=sys.stderr)
+        )
+        self.workdir = Path(workdir)
+        self.dir = self.workdir / STATE_DIR
+        self.state_path = self.dir / "state.json"
+        self.status_path = self.dir / "status.json"
+        self.lock_path = self.dir / "lock"
+        self._durable: dict[str, Any] | None = None  # the state as last fsynced, less VOLATILE
+
+    def load(self) -> State:
+        """The saved state, or a fresh one when this workdir has never been run."""
+        data = self._read_json(self.state_path)
+        if data is None:
+            return State()
+        try:
+            return State.from_dict(data)
+        except ValueError as e:
+            raise self._corrupt(self.state_path, str(e)) from None
+
+    def save(self, state: State) -> None:
+        """Replace state.json atomically (a kill -9 loses nothing); fsync it only when more than
+        the iteration in hand changed (VOLATILE): strikes, deaths and the run's status survive a
+        power cut too, and the two saves of every healthy iteration cost no disk flush."""
+        data = state.to_dict()
+        lasting = {k: v for k, v in data.items() if k not in VOLATILE}
+        durable = lasting != self._durable
+        self._write_json(self.state_path, data, durable=durable)
+        if durable:
+            self._durable = lasting
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """A snapshot that a cron job or a person can read without parsing logs. Only a view of
+        the state: replaced atomically, not fsynced (it is rewritten at every step)."""
+        self._write_json(self.status_path, status, durable=False)
+
+    def read_status(self) -> dict[str, Any] | None:
+        data = self._read_json(self.status_path)
+        if data is not None and not isinstance(data, dict):
+            raise self._corrupt(self.status_path, "expected a JSON object")
+        return data
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Own this workdir for the duration; another live ralph-run -> FatalError, exit code 3.
+
+        The lock file is never removed (unlinking a flock file lets two runs lock two different
+        inodes); on release its pid is cleared instead. The fd is not inherited by children, so
+        an agent left running by a killed ralph-run does not keep the workdir locked.
+        """
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise FatalError(Problem(f"cannot lock: {e.strerror}", str(self.lock_path))) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                workdir = os.path.abspath(self.workdir)
+                raise FatalError(
+                    Problem(
+                        f"another ralph-run (pid {_holder_pid(fd)}) holds {workdir}",
+                        file=str(self.lock_path),
+                    ),
+                    exit_code=3,
+                ) from None
+            try:  # only for the message of a second run: a full disk must not stop this one
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as e:
+                self.warn(f"{self.lock_path}: pid not written: {e.strerror} (the lock holds)")
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+    def _read_json(self, path: Path) -> Any:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            raise self._corrupt(path, str(e)) from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FatalError(
+                Problem(f"{e.msg}; {self._reset_hint(path)}", str(path), e.lineno, e.colno)
+            ) from None
+
+    def _write_json(self, path: Path, data: dict[str, Any], durable: bool = True) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
+        if self.redactor is not None:
+            data = self.redactor.data(data, keys=True)
+        text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+        write_atomic(path, text.encode("utf-8"), durable=durable)
+
+    def _corrupt(self, path: Path, why: str) -> FatalError:
+        return FatalError(Problem(f"{why}; {self._reset_hint(path)}", str(path)))
+
+    def _reset_hint(self, path: Path) -> str:
+        what = "iteration count, strikes and deaths" if path == self.state_path else "the snapshot"
+        return f"delete {path} to start over (its {what} will be lost)"
+
+
+def _holder_pid(fd: int) -> str:
+    """The pid the lock holder wrote, or "unknown" if it has not written it yet."""
+    pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return pid if pid.isdigit() else "unknown"

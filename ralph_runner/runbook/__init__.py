@@ -1,0 +1,1 @@
+"""The runbook language: YAML with positions, the schema, templating, inventory, the plan."""

@@ -1,0 +1,226 @@
+"""Runbook files -> validated models, with `use:` collector sets and `include:` files resolved.
+
+Every task keeps where it was written (file, line, column, key path) so that a template or
+runtime error months later still points at the line to fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ralph_runner import actions
+from ralph_runner.errors import FatalError, Problem
+from ralph_runner.runbook import schema, templating, yamlfile
+from ralph_runner.runbook.yamlfile import Document
+
+SHIPPED_COLLECTORS = Path(__file__).parents[1] / "collectors"
+
+
+@dataclass
+class TaskSpec:
+    """One task, ready to run: its model, its action kind, where it was written, set vars.
+
+    `where` is the action's key (`shell:`), the place of the template most errors are about;
+    `where_of("when")` is the place of another keyword of the task.
+    """
+
+    task: schema.TaskKeywords
+    kind: str
+    where: Problem
+    vars: dict[str, Any] = field(default_factory=dict)
+    document: Document | None = None  # the file it was written in, and its key path there
+    key: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return self.task.name or f"{self.kind}"
+
+    @property
+    def params(self) -> Any:
+        """The value of the task's action key (`shell:`'s command, `verify:`'s options)."""
+        return getattr(self.task, self.kind)
+
+    def where_of(self, keyword: str) -> Problem:
+        """The position of one of the task's keys (its `when`, say), for errors in its value."""
+        if self.document is None:
+            return self.where
+        return self.document.problem((*self.key, keyword), "")
+
+
+@dataclass
+class ProbeSpecRaw:
+    probe: schema.ProbeKeywords
+    kind: str
+    where: Problem
+
+    @property
+    def name(self) -> str:
+        return self.probe.name or self.kind
+
+
+@dataclass
+class LoadedRunbook:
+    path: Path
+    document: Document
+    model: schema.Runbook
+    loop_steps: list[TaskSpec]
+    collectors: list[TaskSpec]
+    recovery_steps: list[TaskSpec]
+    probes: list[ProbeSpecRaw]
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def where(self, key: tuple) -> Problem:
+        """The position of `key` in the runbook, for errors about its value."""
+        return self.document.problem(key, "")
+
+
+def load(path: str | Path) -> LoadedRunbook:
+    """Load, validate and resolve a runbook; every problem found is reported at once."""
+    path = Path(path)
+    document = yamlfile.load(path)
+    if not isinstance(document.data, dict):
+        raise FatalError(document.problem((), "a runbook must be a mapping of keys"))
+    model = schema.validate(document, schema.Runbook)
+    problems: list[Problem] = []
+
+    def expand(entries: list, key: tuple) -> list[TaskSpec]:
+        return _expand(entries, document, key, path.parent, problems, seen=(path.resolve(),))
+
+    loaded = LoadedRunbook(
+        path=path,
+        document=document,
+        model=model,
+        loop_steps=expand(model.loop.steps, ("loop", "steps")),
+        collectors=expand(model.diagnostics.collect, ("diagnostics", "collect")),
+        recovery_steps=expand(model.recovery.steps, ("recovery", "steps")),
+        probes=[
+            ProbeSpecRaw(probe, kind, document.problem(("health", "probes", i, kind), ""))
+            for i, probe in enumerate(model.health.probes)
+            for kind in [schema.probe_kind(probe)]
+        ],
+    )
+    problems += _loop_only_outside_the_loop(loaded)
+    problems += death_field_problems(loaded.recovery_steps)
+    if problems:
+        raise FatalError(problems)
+    return loaded
+
+
+def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
+    """`verify` and `ensure_alive` need the loop: in a capture or a recovery they are a
+    mistake, reported at their line (an included file's line, if it came from one)."""
+    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    return [
+        replace(
+            spec.where,
+            message=f"{spec.kind!r} is a loop step: it runs only in loop.steps, not in {section}",
+        )
+        for section, specs in sections.items()
+        for spec in specs
+        if getattr(actions.KINDS[spec.kind], "LOOP_ONLY", False)
+    ]
+
+
+def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:
+    """A recovery step's `when:` may name only the fields a death has (schema.DEATH_FIELDS):
+    a typo there would silently skip (or always run) the step when the service dies."""
+    problems = []
+    for spec in specs:
+        if not isinstance(spec.task.when, str):
+            continue
+        where = spec.where_of("when")
+        for name in templating.attributes_of(spec.task.when, "death", where=where):
+            if name not in schema.DEATH_FIELDS:
+                close = difflib.get_close_matches(name, schema.DEATH_FIELDS, n=1)
+                hint = f"did you mean death.{close[0]}? " if close else ""
+                fields = ", ".join(schema.DEATH_FIELDS)
+                message = f"a death has no field {name!r}; {hint}(it has: {fields})"
+                problems.append(replace(where, message=message))
+    return problems
+
+
+def find_collector_set(name: str, runbook_dir: Path) -> Path | None:
+    """collectors/NAME.yaml beside the runbook, in its parent, then the copy shipped with us."""
+    for root in (runbook_dir / "collectors", runbook_dir.parent / "collectors", SHIPPED_COLLECTORS):
+        candidate = root / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _expand(
+    entries: list,
+    document: Document,
+    key: tuple,
+    base: Path,
+    problems: list[Problem],
+    seen: tuple[Path, ...],
+    inherited: dict[str, Any] | None = None,
+) -> list[TaskSpec]:
+    """Flatten tasks, `use:` sets and `include:` files into TaskSpecs, collecting problems."""
+    out: list[TaskSpec] = []
+    for i, entry in enumerate(entries):
+        where = (*key, i)
+        scope = {**(inherited or {}), **getattr(entry, "vars", {})}
+        if isinstance(entry, schema.Use):
+            found = find_collector_set(entry.use, base)
+            if found is None:
+                problems.append(document.problem((*where, "use"), _missing_set(entry.use, base)))
+                continue
+            out += _expand_file(found, schema.CollectorSet, "collect", problems, seen, scope)
+        elif isinstance(entry, schema.Include):
+            target = (base / entry.include).resolve()
+            if not target.is_file():
+                problems.append(document.problem((*where, "include"), f"no such file: {target}"))
+                continue
+            out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
+        else:
+            kind = schema.task_kind(entry)
+            spot = document.problem((*where, kind), "")
+            out.append(TaskSpec(entry, kind, spot, scope, document, where))
+    return out
+
+
+def _expand_file(
+    path: Path,
+    model: type[BaseModel],
+    key: str,
+    problems: list[Problem],
+    seen: tuple[Path, ...],
+    scope: dict[str, Any],
+) -> list[TaskSpec]:
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path))
+        problems.append(Problem(f"include cycle: {chain}", str(path)))
+        return []
+    document = yamlfile.load(path)
+    if isinstance(document.data, list):  # a bare list of tasks
+        document = Document({key: document.data}, document.file, _nest(document.positions, key))
+    try:
+        parsed = schema.validate(document, model)
+    except FatalError as exc:
+        problems.extend(exc.problems)
+        return []
+    scope = {**getattr(parsed, "vars", {}), **scope}
+    entries = getattr(parsed, key)
+    return _expand(entries, document, (key,), path.parent, problems, (*seen, path.resolve()), scope)
+
+
+def _nest(positions: dict, key: str) -> dict:
+    return {(key, *path): where for path, where in positions.items()}
+
+
+def _missing_set(name: str, base: Path) -> str:
+    places = [base / "collectors", base.parent / "collectors", SHIPPED_COLLECTORS]
+    names = sorted({p.stem for root in places if root.is_dir() for p in root.glob("*.yaml")})
+    return f"no collector set {name!r} (looked in {', '.join(map(str, places))}); known: " + (
+        ", ".join(names) or "none"
+    )

@@ -1,0 +1,355 @@
+"""The whole runbook language, declared as data in one place (like pre-commit's clientlib).
+
+Action kinds and probe kinds come from their packages, so adding one touches one file.
+`validate` turns pydantic's errors into Problems with file, line, column and key path;
+`json_schema` exports the same models for editors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from ralph_runner import actions, probes
+from ralph_runner.errors import FatalError
+from ralph_runner.runbook.yamlfile import Document
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _exactly_one(kinds: dict[str, Any], what: str) -> Any:
+    """A before-validator: the mapping must hold exactly one key out of `kinds`."""
+
+    def check(cls: type[BaseModel], data: Any) -> Any:
+        if isinstance(data, dict):
+            found = [key for key in data if key in kinds]
+            keywords = {field.alias or name for name, field in cls.model_fields.items()}
+            if not found and any(key not in keywords for key in data):
+                return data  # an unknown key (a typo of an action?) gets its own did-you-mean
+            if len(found) != 1:
+                names = ", ".join(sorted(kinds))
+                got = " and ".join(found) if found else "none"
+                raise ValueError(f"a {what} needs exactly one of: {names} (found {got})")
+            if data[found[0]] is None:  # `shell:` with nothing after it
+                return {**data, found[0]: _empty_value(found[0], kinds[found[0]].Params)}
+        return data
+
+    return model_validator(mode="before")(cast(Any, classmethod(check)))
+
+
+def _empty_value(key: str, params: Any) -> Any:
+    """What a kind's key left empty means: its defaults (a model), or an error naming it."""
+    if isinstance(params, type) and issubclass(params, BaseModel):
+        return {}
+    try:
+        TypeAdapter(params).validate_python(None)
+    except ValidationError:
+        raise ValueError(f"{key!r} needs a value") from None
+    return None
+
+
+class TaskKeywords(Model):
+    """What every task may say besides its action (Ansible's task keywords): the static part
+    of `Task`, which adds one optional field per action kind."""
+
+    name: str | None = None
+    when: str | bool | None = None
+    register_: str | None = Field(None, alias="register")  # `register` is pydantic's
+    timeout: PositiveFloat | None = None
+    retries: NonNegativeInt | None = None
+    delay: NonNegativeFloat = 1.0
+    until: str | None = None
+    ignore_errors: bool = False
+    env: dict[str, str | int | float | bool] = {}
+    vars: dict[str, Any] = {}
+    delegate_to: str | None = None
+
+
+def _with_kinds(name: str, base: type[Model], kinds: dict[str, Any], what: str) -> Any:
+    """`base` plus one optional field per kind (`shell`, `http`, ...), exactly one of them set."""
+    fields: dict[str, Any] = {key: (module.Params | None, None) for key, module in kinds.items()}
+    validators: dict[str, Any] = {"one_kind": _exactly_one(kinds, what)}
+    return create_model(name, __base__=base, __validators__=validators, **fields)
+
+
+if TYPE_CHECKING:  # tools see the static keywords; the kinds' fields are read by getattr
+    Task = TaskKeywords
+else:
+    Task = _with_kinds("Task", TaskKeywords, actions.KINDS, "task")
+
+
+def task_kind(task: BaseModel) -> str:
+    """The action key a validated task uses."""
+    return next(key for key in actions.KINDS if key in task.model_fields_set)
+
+
+class Use(Model):
+    """`- use: NAME`: a collector set from collectors/NAME.yaml."""
+
+    use: str
+    vars: dict[str, Any] = {}
+
+
+class Include(Model):
+    """`- include: FILE`: a task file, relative to the runbook."""
+
+    include: str
+    vars: dict[str, Any] = {}
+
+
+def _entry_tag(value: Any) -> str:
+    if isinstance(value, dict) and "use" in value:
+        return "use"
+    if isinstance(value, dict) and "include" in value:
+        return "include"
+    return "task"
+
+
+TaskEntry = Annotated[
+    Annotated[Task, Tag("task")] | Annotated[Use, Tag("use")] | Annotated[Include, Tag("include")],
+    Discriminator(_entry_tag),
+]
+
+
+class ProbeKeywords(Model):
+    """What every probe may say besides its kind: the static part of `Probe`."""
+
+    name: str | None = None
+    timeout: PositiveFloat = 5.0
+    every: PositiveInt = 1
+
+
+if TYPE_CHECKING:
+    Probe = ProbeKeywords
+else:
+    Probe = _with_kinds("Probe", ProbeKeywords, probes.KINDS, "probe")
+
+
+def probe_kind(probe: BaseModel) -> str:
+    return next(kind for kind in probes.KINDS if kind in probe.model_fields_set)
+
+
+class Checklist(Model):
+    path: str = "CHECKLIST.md"
+    strikes: PositiveInt = 3
+
+
+class Health(Model):
+    probes: list[Probe] = []
+    failures_before_dead: PositiveInt = 2
+    interval: NonNegativeFloat = 1.0
+    watch: NonNegativeFloat = 0.0
+
+
+class Diagnostics(Model):
+    log: str = "logs/deaths.log"
+    records: str | None = None
+    template: str = "default"
+    timeout: PositiveFloat = 15.0
+    max_output: PositiveInt = 64 * 1024
+    collect: list[TaskEntry] = []
+
+
+class CrashLoop(Model):
+    deaths: PositiveInt = 5
+    within: PositiveFloat = 600.0
+
+
+# What recovery steps (and their `when:`) see as `death`: built by service.py, checked by the
+# loader (a `when:` naming another field is refused at its line).
+DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung")
+
+
+class Recovery(Model):
+    steps: list[TaskEntry] = []
+    attempts: PositiveInt = 1
+    delay: NonNegativeFloat = 0.0
+    backoff: PositiveFloat = 1.0
+    healthy_within: NonNegativeFloat = 60.0
+    exit_code: int = Field(4, ge=1, le=255)
+    crash_loop: CrashLoop = CrashLoop()
+
+
+class Recorder(Model):
+    """The flight recorder (README "Deaths as data"): what led up to a death, kept on disk."""
+
+    url: str | None = None  # the server's Prometheus /metrics
+    metrics: list[str] = []  # the metric names sampled from it
+    period: PositiveFloat = 5.0  # seconds between samples
+    gpu: bool = True  # GPU memory through NVML, when this machine has a driver
+    follow: str | None = None  # a command that prints the server log as it grows
+    file: str | None = None  # or a log file (relative to the workdir), read as it grows
+    window: PositiveFloat = 600.0  # seconds of samples and log lines put into a death record
+    max_lines: PositiveInt = 2000  # log lines of the window kept in a record (the last ones)
+    max_mb: float = Field(16.0, ge=0.5)  # bound of .ralph/recorder/ on disk
+
+    @model_validator(mode="after")
+    def _one_log_source(self) -> Recorder:
+        if self.follow is not None and self.file is not None:
+            raise ValueError("a recorder follows one log: give `follow` or `file`, not both")
+        if self.metrics and self.url is None:
+            raise ValueError("`metrics` needs the `url` of the server's /metrics")
+        return self
+
+
+class Loop(Model):
+    max_iterations: NonNegativeInt = 0
+    steps: list[TaskEntry]
+
+
+class Metrics(Model):
+    """A Prometheus node_exporter textfile, rewritten atomically at each change and at exit."""
+
+    textfile: str  # e.g. /var/lib/node_exporter/textfile/ralph-{{ inventory_hostname }}.prom
+
+
+NOTIFY_EVENTS = ("death", "recovered", "gave-up", "agent-broken", "finished", "stopped")
+
+
+class NotifyTarget(Model):
+    url: str  # an Apprise URL: ntfy://, slack://, discord://, mailto://, tgram://, json://...
+    events: list[Literal[NOTIFY_EVENTS]] = ["gave-up", "agent-broken", "finished"]  # type: ignore[valid-type]
+
+
+class Notify(Model):
+    """Notifications (Apprise) and a dead man's switch; sent in the background, never blocking."""
+
+    to: list[NotifyTarget] = []
+    deadman: str | None = None  # healthchecks.io-style URL: /start, pinged each iteration, /<code>
+    timeout: PositiveFloat = 10.0  # seconds per attempt
+    retries: NonNegativeInt = 2
+
+
+class Runbook(Model):
+    name: str | None = None
+    hosts: str = "localhost"
+    vars: dict[str, Any] = {}
+    secrets: list[str] = []
+    workdir: str = "."
+    checklist: Checklist = Checklist()
+    prompt: str = ""
+    health: Health = Health()
+    diagnostics: Diagnostics = Diagnostics()
+    recovery: Recovery = Recovery()
+    metrics: Metrics | None = None
+    notify: Notify = Notify()
+    recorder: Recorder | None = None
+    loop: Loop
+
+
+class CollectorSet(Model):
+    """collectors/NAME.yaml: a shareable list of diagnostic tasks."""
+
+    description: str | None = None
+    vars: dict[str, Any] = {}
+    collect: list[TaskEntry]
+
+
+class TaskFile(Model):
+    """An `include`d file: a plain list of tasks."""
+
+    tasks: list[TaskEntry]
+
+
+def _known_keys() -> set[str]:
+    keys: set[str] = set()
+    for model in (
+        Task,
+        Use,
+        Include,
+        Probe,
+        Checklist,
+        Health,
+        Diagnostics,
+        CrashLoop,
+        Recovery,
+        Metrics,
+        Notify,
+        NotifyTarget,
+        Recorder,
+    ):
+        keys.update(model.model_fields)
+    keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
+    for module in (*actions.KINDS.values(), *probes.KINDS.values()):
+        if isinstance(module.Params, type) and issubclass(module.Params, BaseModel):
+            keys.update(f.alias or name for name, f in module.Params.model_fields.items())
+    return keys
+
+
+def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, ...]:
+    """Follow pydantic's loc through the data, dropping union/tag names that are not keys."""
+    path: list[str | int] = []
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        in_dict = isinstance(data, dict) and part in data
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if in_dict or in_list:
+            path.append(part)
+            data = data[part]
+        elif last and kind == "missing" and isinstance(data, dict) and isinstance(part, str):
+            path.append(part)  # a missing key: point at its parent, name the key
+    return tuple(path)
+
+
+def _message(error: ErrorDetails, path: tuple[str | int, ...], known: set[str]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key = path[-1]
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        if close and close[0] == key:
+            hint = "; it is a key elsewhere, not here"
+        return f"unknown key {key!r}{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    found = error.get("input")
+    text = repr(found)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{message[0].lower()}{message[1:]}; found {text}"
+
+
+def validate(document: Document, model: type[BaseModel]) -> Any:
+    """Validate `document.data` against `model`; every problem names file, line, column, path."""
+    try:
+        return model.model_validate(document.data)
+    except ValidationError as exc:
+        known = _known_keys()
+        by_path: dict[tuple, list[str]] = {}
+        for error in exc.errors():
+            path = _data_path(document.data, error["loc"], error["type"])
+            messages = by_path.setdefault(path, [])
+            message = _message(error, path, known)
+            if message not in messages:
+                messages.append(message)
+        problems = [
+            document.problem(path, " or ".join(messages)) for path, messages in by_path.items()
+        ]
+        raise FatalError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0))) from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The runbook language as JSON Schema (for editors' completion and validation)."""
+    schema = Runbook.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "ralph-run runbook"
+    return schema

@@ -1,0 +1,113 @@
+"""Run one task with Ansible's keywords: when, vars, env, timeout, retries/until/delay, register."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ralph_runner import actions
+from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.process.connection import Connection
+from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT
+from ralph_runner.runbook.loader import TaskSpec
+from ralph_runner.runbook.plan import Plan
+
+DEFAULT_RETRIES_WITH_UNTIL = 3  # Ansible's default when `until` is given
+
+
+@dataclass
+class TaskGroup:
+    """Where and how a group of tasks runs (loop steps, collectors, recovery steps)."""
+
+    plan: Plan
+    connection: Connection | None = None  # None: the plan's target host
+    cwd: Path | None = None
+    timeout: float | None = None  # default when the task gives none
+    max_output: int = DEFAULT_MAX_OUTPUT
+    run: Any = None  # the loop runtime, for ensure_alive and verify
+    on_output: Callable[[str], None] | None = None  # live output of the tasks' commands
+
+
+def context(
+    spec: TaskSpec, group: TaskGroup, variables: dict[str, Any], cancel=None
+) -> TaskContext:
+    """The TaskContext of `spec`: its vars merged, env rendered, connection chosen."""
+    task, plan = spec.task, group.plan
+    scope = {**variables, **spec.vars}
+    scope.update(plan.templar.render_data(task.vars, scope, where=spec.where_of("vars")))
+    env = {
+        k: plan.templar.render(str(v), scope, where=spec.where_of("env"))
+        for k, v in task.env.items()
+    }
+    delegate = task.delegate_to and plan.templar.render(
+        task.delegate_to, scope, where=spec.where_of("delegate_to")
+    )
+    if delegate:
+        conn = plan.connection_for(delegate)
+    else:
+        conn = group.connection or plan.connection_for(None)
+    return TaskContext(
+        variables=scope,
+        templar=plan.templar,
+        connection=conn,
+        cwd=(group.cwd or plan.workdir) if conn.name == "local" else None,  # remote: its home
+        env=env,
+        timeout=task.timeout or group.timeout,
+        max_output=group.max_output,
+        where=spec.where,
+        cancel=cancel,
+        run=group.run,
+        on_output=group.on_output,
+    )
+
+
+def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> str:
+    """The task rendered for --check: never runs anything."""
+    ctx = context(spec, group, variables)
+    return actions.KINDS[spec.kind].describe(spec.params, ctx)
+
+
+def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> bool:
+    when = spec.task.when
+    if when is None:
+        return True
+    scope = {**variables, **spec.vars}
+    return bool(group.plan.templar.evaluate(when, scope, where=spec.where_of("when")))
+
+
+def run(
+    spec: TaskSpec,
+    group: TaskGroup,
+    variables: dict[str, Any],
+    cancel: threading.Event | None = None,
+) -> TaskResult:
+    """Run the task (its retries included); registers its result into `variables`."""
+    task = spec.task
+    if not should_run(spec, group, variables):
+        return TaskResult(ok=True, data={"skipped": True})
+    ctx = context(spec, group, variables, cancel)
+    module = actions.KINDS[spec.kind]
+    retries = (
+        task.retries
+        if task.retries is not None
+        else (DEFAULT_RETRIES_WITH_UNTIL if task.until else 0)
+    )
+    stop = cancel or threading.Event()
+    for attempt in range(1, retries + 2):
+        result = module.run(spec.params, ctx)
+        result.data["attempts"] = attempt
+        if task.until:
+            scope = {
+                **ctx.variables,
+                **({task.register_: result.register()} if task.register_ else {}),
+            }
+            done = bool(ctx.templar.evaluate(task.until, scope, where=spec.where_of("until")))
+            result = replace(result, ok=done and not result.cancelled)
+        if result.ok or result.cancelled or attempt > retries or stop.wait(task.delay):
+            break
+    if task.register_:
+        variables[task.register_] = result.register()
+    return result

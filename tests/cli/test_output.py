@@ -1,0 +1,47 @@
+"""The event stream: listeners see every event, masked; a broken listener is dropped, not fatal."""
+
+import io
+
+from ralph_runner.durable.redaction import Redactor
+from ralph_runner.output import Output
+
+
+def test_listeners_get_masked_events_and_a_failing_one_is_dropped():
+    stream = io.StringIO()
+    output = Output(json_lines=True, stream=stream, redactor=Redactor(["hunter22"]))
+    seen = []
+    calls = []
+
+    def broken(kind, fields):
+        calls.append(kind)
+        raise RuntimeError("boom")
+
+    output.subscribe(lambda kind, fields: seen.append((kind, fields)))
+    output.subscribe(broken)
+    output.event("done", item="pass hunter22")
+    output.event("done", item="second")
+    assert seen[0] == ("done", {"item": "pass ****"})
+    assert calls == ["done"]  # dropped after its first failure
+    assert ("warning" in [kind for kind, _ in seen]) and seen[-1] == ("done", {"item": "second"})
+    assert "event listener" in stream.getvalue()
+
+
+def human(kind: str, **fields) -> str:
+    stream = io.StringIO()
+    Output(stream=stream).event(kind, **fields)
+    return stream.getvalue()
+
+
+def test_a_failed_recovery_attempt_says_why_and_how_long_until_the_next():
+    line = human("recovery-failed", attempt=1, reason="exit 1", retry_in=30)
+    assert line.endswith("]   attempt 1 failed (exit 1): retrying in 30 s\n")
+    last = human("recovery-failed", attempt=3, reason="not healthy within 60 s", retry_in=None)
+    assert "attempt 3 failed (not healthy within 60 s): no attempt left" in last
+
+
+def test_a_failed_step_never_reads_exit_none():
+    common = {"step": "verify", "ok": False, "timed_out": False, "seconds": 0.01}
+    assert "exit None" not in human("step-done", exit_code=None, killed=False, **common)
+    shown = human("step-done", exit_code=None, killed=False, status="no new commit", **common)
+    assert shown.rstrip().endswith("✗ verify 0.0s no new commit")
+    assert "killed" in human("step-done", exit_code=None, killed=True, **common)

@@ -1,0 +1,604 @@
+"""Probe kinds and the http, nvml and processes actions, against real servers and processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from pydantic import ValidationError
+from standin_helpers import StandIn, free_port, wait_for
+
+from ralph_runner import probes
+from ralph_runner.actions import KINDS as ACTIONS
+from ralph_runner.actions import TaskContext
+from ralph_runner.errors import Problem
+from ralph_runner.probes import ProbeContext, run_probe
+from ralph_runner.process.connection import for_host
+from ralph_runner.runbook.templating import Templar
+
+
+class Server:
+    """A real HTTP/1.1 server on 127.0.0.1 (threads of this process) that counts TCP connections
+    and answers whatever the test sets."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body = b"ok"
+        self.content_type = "text/plain"
+        self.connections = 0
+        self.requests: list[tuple[str, str, bytes]] = []
+        lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive
+            disable_nagle_algorithm = True  # as uvicorn: no 40 ms wait on delayed ACKs
+
+            def setup(self) -> None:
+                super().setup()
+                with lock:
+                    owner.connections += 1
+
+            def do_GET(self) -> None:
+                self.answer()
+
+            def do_POST(self) -> None:
+                self.answer()
+
+            def answer(self) -> None:
+                sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.requests.append((self.command, self.path, sent))
+                self.send_response(owner.status)
+                self.send_header("Content-Type", owner.content_type)
+                self.send_header("Content-Length", str(len(owner.body)))
+                self.end_headers()
+                self.wfile.write(owner.body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def answer(self, status: int, body: object, content_type: str = "application/json") -> None:
+        self.status, self.content_type = status, content_type
+        self.body = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """No test leaves a child process of this one running."""
+    yield
+    wait_for(lambda: not _live_children(), 5, "the test's child processes to end")
+
+
+def _live_children() -> list[psutil.Process]:
+    children = psutil.Process().children(recursive=True)
+    return [p for p in children if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def server():
+    web = Server()
+    yield web
+    web.close()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    with StandIn(tmp_path / "vllm") as vllm:
+        child = vllm.spawn()
+        yield vllm
+    child.wait(5)
+
+
+@pytest.fixture
+def client():
+    with httpx.Client() as shared:
+        yield shared
+
+
+@pytest.fixture
+def connection():
+    return for_host({})
+
+
+def probe(kind: str, params: object, client: httpx.Client, connection=None, timeout=2.0):
+    """Validate like the runbook loader does, then run: the probe's whole public path."""
+    if kind != "command":
+        params = probes.KINDS[kind].Params.model_validate(params)
+    ctx = ProbeContext(client=client, connection=connection or for_host({}), timeout=timeout)
+    return run_probe(f"{kind} probe", kind, params, ctx)
+
+
+# http
+
+
+def test_healthy_http_probe_reuses_one_connection(server, client):
+    results = [probe("http", {"url": f"{server.url}/v1/models"}, client) for _ in range(50)]
+
+    assert all(result.ok for result in results)
+    assert results[0].reason is None and results[0].detail == "HTTP 200"
+    assert len(server.requests) == 50
+    assert server.connections == 1
+
+
+def test_closed_port_is_refused_at_once(client):
+    result = probe("http", {"url": f"http://127.0.0.1:{free_port()}/v1/models"}, client)
+
+    assert (result.ok, result.reason) == (False, "refused")
+    assert "connection refused" in result.detail
+    assert result.seconds < 1.0
+
+
+def test_hung_server_times_out_within_the_timeout(standin, client):
+    standin.admin("hang")
+
+    result = probe("http", {"url": f"{standin.url}/models"}, client, timeout=0.5)
+
+    assert (result.ok, result.reason) == (False, "timeout")
+    assert "timed out after 0.5s (read)" in result.detail
+    assert 0.5 <= result.seconds < 1.0
+
+
+def test_dead_engine_503_is_a_status_failure(standin, client):
+    standin.admin("dead_503")
+
+    result = probe("http", {"url": f"{standin.url}/models"}, client)
+
+    assert (result.ok, result.reason) == (False, "status")
+    assert result.detail.startswith("HTTP 503: ")
+    assert "EngineDeadError" in result.detail
+
+
+def test_status_may_be_a_list(server, client):
+    server.answer(204, "")
+
+    assert probe("http", {"url": server.url, "status": [200, 204]}, client).ok
+    assert probe("http", {"url": server.url}, client).reason == "status"
+
+
+def test_body_contains_mismatch_is_a_body_failure(server, client):
+    server.answer(200, "loading weights", "text/plain")
+
+    missing = probe("http", {"url": server.url, "body_contains": "ready"}, client)
+    present = probe("http", {"url": server.url, "body_contains": "weights"}, client)
+
+    assert (missing.ok, missing.reason) == (False, "body")
+    assert "'ready'" in missing.detail and "loading weights" in missing.detail
+    assert present.ok
+
+
+def test_json_values_by_dotted_path(server, client):
+    server.answer(200, {"data": [{"id": "qwen", "max_model_len": 32768}]})
+    url = f"{server.url}/v1/models"
+
+    def check(expected: dict) -> probes.ProbeResult:
+        return probe("http", {"url": url, "json": expected}, client)
+
+    assert check({"data.0.id": "qwen", "data.0.max_model_len": "32768"}).ok
+    wrong = check({"data.0.id": "llama"})
+    missing = check({"data.1.id": "qwen"})
+    assert (wrong.reason, wrong.detail) == ("body", "json data.0.id is 'qwen', expected 'llama'")
+    assert missing.reason == "body" and missing.detail.startswith("json data.1.id missing")
+    server.answer(200, "<html>", "text/html")
+    assert check({"data.0.id": "qwen"}).detail == "body is not JSON: <html>"
+
+
+def test_http_probe_sends_method_and_headers(server, client):
+    params = {"url": server.url, "method": "post", "headers": {"Authorization": "Bearer x"}}
+
+    assert probe("http", params, client).ok
+    assert server.requests[-1][0] == "POST"
+
+
+@pytest.fixture
+def dropping_server():
+    """Answers the first request of each connection and resets the connection when a second
+    one arrives: uvicorn closing an idle keep-alive connection just as a probe reuses it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                connections.append(conn)
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", connections
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    for conn in connections:
+        conn.close()
+    thread.join(5)
+
+
+def test_a_dropped_keep_alive_connection_is_retried_once(dropping_server, client):
+    url, connections = dropping_server
+
+    first = probe("http", {"url": url}, client)
+    second = probe("http", {"url": url}, client)
+
+    assert first.ok and second.ok, second.detail
+    assert len(connections) == 2
+
+
+# completion
+
+
+def test_completion_generates_a_token(standin, client):
+    params = {"url": standin.url, "model": standin.model}
+
+    result = probe("completion", params, client)
+
+    assert result.ok, result.detail
+
+
+def test_completion_with_dead_engine_is_a_status_failure(standin, client):
+    standin.admin("dead_503")
+
+    result = probe("completion", {"url": standin.url, "model": standin.model}, client)
+
+    assert (result.ok, result.reason) == (False, "status")
+    assert result.detail.startswith("HTTP 503")
+
+
+def test_completion_500_is_a_status_failure(server, client):
+    server.answer(500, {"error": {"message": "EngineCore encountered an issue."}})
+
+    result = probe("completion", {"url": f"{server.url}/v1/", "model": "m"}, client)
+
+    assert (result.ok, result.reason) == (False, "status")
+    assert result.detail.startswith("HTTP 500: ") and "EngineCore" in result.detail
+    method, path, sent = server.requests[-1]
+    assert (method, path) == ("POST", "/v1/chat/completions")
+    assert json.loads(sent)["max_tokens"] == 1
+
+
+def test_completion_without_choices_is_a_body_failure(server, client):
+    server.answer(200, {"choices": []})
+
+    result = probe("completion", {"url": server.url, "model": "m"}, client)
+
+    assert (result.ok, result.reason) == (False, "body")
+
+
+# tcp
+
+
+def test_tcp_connects_or_is_refused(server, client):
+    up = probe("tcp", {"host": "127.0.0.1", "port": server.port}, client)
+    port = free_port()
+    down = probe("tcp", {"port": str(port)}, client)
+
+    assert up.ok and up.detail == f"127.0.0.1:{server.port}: connected"
+    assert (down.ok, down.reason) == (False, "refused")
+    assert down.detail == f"127.0.0.1:{port}: connection refused"
+
+
+# command
+
+
+def test_command_ok_and_failing(client, connection):
+    ok = probe("command", "echo ready", client, connection)
+    failed = probe("command", "echo 'engine dead' >&2; exit 3", client, connection)
+
+    assert ok.ok and ok.detail == "exit 0: ready"
+    assert (failed.ok, failed.reason, failed.detail) == (False, "status", "exit 3: engine dead")
+
+
+def test_command_timeout_kills_it(client, connection, tmp_path):
+    marker = tmp_path / "sleeper"
+    command = f"exec -a {marker} sleep 30"
+
+    result = probe("command", command, client, connection, timeout=0.5)
+
+    assert (result.ok, result.reason) == (False, "timeout")
+    assert result.detail.startswith("timed out after 0.5s")
+    assert result.seconds < 3.0
+    wait_for(lambda: not _running(str(marker)), 5, "the timed-out command to be gone")
+
+
+def _running(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if text in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+# process
+
+
+@pytest.fixture
+def sleeper(tmp_path):
+    """A real process with a name of its own (a copy of sleep) and a pidfile."""
+    program = tmp_path / "rr_sleeper"
+    shutil.copy(shutil.which("sleep"), program)
+    child = subprocess.Popen([str(program), "30"])
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{child.pid}\n")
+    yield child, pidfile
+    child.kill()
+    child.wait(5)
+
+
+def test_process_by_pidfile_alive_then_dead(sleeper, client):
+    child, pidfile = sleeper
+
+    alive = probe("process", {"pidfile": str(pidfile)}, client)
+    child.kill()
+    child.wait(5)
+    dead = probe("process", {"pidfile": str(pidfile)}, client)
+
+    assert alive.ok and alive.detail == f"pid {child.pid} (rr_sleeper) is running"
+    assert (dead.ok, dead.reason) == (False, "refused")
+    assert str(child.pid) in dead.detail
+
+
+def test_process_pidfile_missing_or_garbage(tmp_path, client):
+    missing = probe("process", {"pidfile": str(tmp_path / "none.pid")}, client)
+    (tmp_path / "bad.pid").write_text("not a pid")
+    garbage = probe("process", {"pidfile": str(tmp_path / "bad.pid")}, client)
+
+    assert (missing.reason, garbage.reason) == ("refused", "error")
+    assert "missing" in missing.detail and "not a pid" in garbage.detail
+
+
+def test_process_by_name_and_cmdline(sleeper, client):
+    child, _ = sleeper
+
+    by_name = probe("process", {"name": "rr_sleeper"}, client)
+    both = probe("process", {"name": "rr_sleeper", "cmdline": r"rr_sleeper 30$"}, client)
+    wrong = probe("process", {"name": "rr_sleeper", "cmdline": "rr_sleeper 31"}, client)
+
+    assert by_name.ok and both.ok
+    assert f"pid {child.pid}" in by_name.detail
+    assert (wrong.ok, wrong.reason) == (False, "refused")
+
+
+def test_process_zombie_does_not_count(sleeper, client):
+    child, pidfile = sleeper
+    child.kill()
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 5, "a zombie")
+
+    result = probe("process", {"pidfile": str(pidfile)}, client)
+
+    assert (result.ok, result.reason) == (False, "refused")
+
+
+def test_process_probe_never_finds_ralph_run_itself(client):
+    own = re.escape(" ".join(psutil.Process().cmdline()))
+
+    result = probe("process", {"cmdline": own}, client)
+
+    assert (result.ok, result.reason) == (False, "refused")
+
+
+def test_process_params_need_a_field_and_a_valid_regex():
+    with pytest.raises(ValidationError, match="needs pidfile, name or cmdline"):
+        probes.KINDS["process"].Params.model_validate({})
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        probes.KINDS["process"].Params.model_validate({"cmdline": "vllm("})
+
+
+# gpu
+
+
+def _nvml_works() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def test_gpu_probe_without_driver_fails_softly(client):
+    result = probe("gpu", {"index": 0, "min_free_mib": 1}, client)
+
+    if _nvml_works():
+        assert result.detail.startswith("GPU 0: ") and "MiB free" in result.detail
+    else:
+        assert (result.ok, result.reason) == (False, "error")
+        assert result.detail.startswith("no NVIDIA driver (")
+
+
+def test_gpu_memory_thresholds():
+    """The verdict on NVML's memory figures (bytes); runs without a GPU."""
+    gpu = probes.KINDS["gpu"]
+    used, total = 88000 * 1024 * 1024, 98304 * 1024 * 1024
+    figures = "GPU 0: 88000 MiB used, 10304 MiB free of 98304 MiB"
+
+    assert gpu.verdict(gpu.Params(min_free_mib=8000), used, total) == (True, None, figures)
+    assert gpu.verdict(gpu.Params(min_free_mib=20000), used, total) == (
+        False,
+        "status",
+        f"{figures} (want >= 20000 MiB free)",
+    )
+    assert gpu.verdict(gpu.Params(max_used_percent=80), used, total) == (
+        False,
+        "status",
+        f"{figures} (89.5% used, want <= 80%)",
+    )
+
+
+def test_nvml_report_shows_what_the_gpu_does_not_report_as_na():
+    nvml = ACTIONS["nvml"]
+    gpus = [
+        {
+            "index": 0,
+            "name": "NVIDIA GB10",
+            "memory_used_mib": None,
+            "memory_free_mib": None,
+            "memory_total_mib": None,
+            "utilization_percent": 97,
+            "processes": [{"pid": 4242, "used_mib": None, "name": "python3"}],
+        }
+    ]
+
+    assert nvml.report(gpus, "580.95").splitlines() == [
+        "NVIDIA driver 580.95, 1 GPU(s)",
+        "GPU 0: NVIDIA GB10, n/a used, n/a free, n/a total, utilization 97%",
+        "  pid 4242: n/a python3",
+    ]
+
+
+def test_probe_params_forbid_unknown_keys():
+    with pytest.raises(ValidationError, match="extra"):
+        probes.KINDS["http"].Params.model_validate({"url": "http://x", "timout": 3})
+    with pytest.raises(ValidationError):
+        probes.KINDS["tcp"].Params.model_validate({"port": 70000})
+
+
+def test_run_probe_never_raises(client):
+    ctx = ProbeContext(client=client, connection=for_host({}), timeout=1.0)
+
+    result = run_probe("broken", "http", None, ctx)  # params the schema would have refused
+
+    assert (result.ok, result.reason) == (False, "error")
+    assert result.as_dict()["detail"].startswith("AttributeError")
+
+
+# actions
+
+
+def task_context(
+    tmp_path: Path, variables: dict | None = None, max_output=65536, hostvars: dict | None = None
+) -> TaskContext:
+    return TaskContext(
+        variables=variables or {},
+        templar=Templar(tmp_path),
+        connection=for_host(hostvars or {}),
+        cwd=tmp_path,
+        env={},
+        timeout=2.0,
+        max_output=max_output,
+        where=Problem("test task"),
+    )
+
+
+def http_task(params: dict, ctx: TaskContext):
+    module = ACTIONS["http"]
+    return module.run(module.Params.model_validate(params), ctx)
+
+
+def test_http_action_renders_and_registers(server, tmp_path):
+    server.answer(200, {"object": "list", "data": [{"id": "qwen"}]})
+    ctx = task_context(tmp_path, {"base": server.url})
+    params = {"url": "{{ base }}/v1/models"}
+
+    result = http_task(params, ctx)
+
+    assert result.ok
+    assert ACTIONS["http"].describe(ACTIONS["http"].Params(**params), ctx) == (
+        f"GET {server.url}/v1/models"
+    )
+    registered = result.register()
+    assert registered["status"] == 200
+    assert registered["json"]["data"][0]["id"] == "qwen"
+    assert json.loads(registered["content"]) == registered["json"]
+
+
+def test_http_action_posts_json_and_checks_status(server, tmp_path):
+    server.answer(503, "busy", "text/plain")
+    params = {"url": server.url, "method": "POST", "body": {"mode": "{{ mode }}"}}
+
+    result = http_task(params, task_context(tmp_path, {"mode": "die"}))
+
+    assert not result.ok
+    assert result.data == {"status": 503, "json": None, "content": "busy"}
+    assert server.requests[-1] == ("POST", "/", b'{"mode":"die"}')
+    assert http_task({**params, "status": [200, 503]}, task_context(tmp_path, {"mode": "x"})).ok
+
+
+def test_http_action_keeps_the_last_bytes(server, tmp_path):
+    server.answer(200, "head-" + "x" * 100 + "-tail", "text/plain")
+
+    result = http_task({"url": server.url}, task_context(tmp_path, max_output=10))
+
+    assert result.data["content"] == "xxxxx-tail" and result.output == "xxxxx-tail"
+    assert result.cut_bytes == 100
+
+
+def test_http_action_refused(tmp_path):
+    result = http_task({"url": f"http://127.0.0.1:{free_port()}/"}, task_context(tmp_path))
+
+    assert not result.ok and result.data["status"] == -1
+    assert "connection refused" in result.output
+
+
+def test_nvml_action_without_driver(tmp_path):
+    module = ACTIONS["nvml"]
+
+    result = module.run(None, task_context(tmp_path))
+
+    if _nvml_works():
+        assert result.ok and "GPU 0: " in result.output
+    else:
+        assert not result.ok
+        assert result.output.startswith("no NVIDIA driver: ")
+
+
+def test_processes_action_lists_the_matching_process(tmp_path, sleeper):
+    child, _ = sleeper
+    module = ACTIONS["processes"]
+    params = module.Params.model_validate({"top": 3, "match": "rr_sleeper|pytest"})
+
+    result = module.run(params, task_context(tmp_path))
+
+    assert result.ok
+    matched = {row["pid"] for row in result.data["matches"]}
+    assert {child.pid, psutil.Process().pid} <= matched
+    assert len(result.data["top"]) == 3
+    assert "top 3 processes by memory:" in result.output
+    assert re.search(rf"^\s+{child.pid}\s+[\d.]+\s+[\d.]+\s+\S*rr_sleeper 30$", result.output, re.M)
+
+
+def test_processes_action_without_match(tmp_path):
+    module = ACTIONS["processes"]
+
+    result = module.run(module.Params(), task_context(tmp_path))
+
+    assert result.ok and result.data["matches"] == []
+    assert len(result.data["top"]) == 10
+    assert "matching" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["nvml", "processes"])
+def test_machine_local_actions_refuse_a_remote_host(tmp_path, kind):
+    module = ACTIONS[kind]
+    ctx = task_context(tmp_path, hostvars={"ansible_host": "spark-b.lan", "ansible_user": "ops"})
+
+    result = module.run(module.Params.model_validate({}) if kind == "processes" else None, ctx)
+
+    assert not result.ok
+    assert "not those of ssh ops@spark-b.lan" in result.output

@@ -1,0 +1,247 @@
+"""The progress probe against a real HTTP server that answers like vLLM (engine_helpers.Engine):
+busy is never a failure, a hang is "stalled", a dead engine is "status"."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+from engine_helpers import Engine
+from standin_helpers import free_port, wait_for
+
+from ralph_runner import probes
+from ralph_runner.probes import ProbeContext, ProbeResult, progress, run_probe
+from ralph_runner.process.connection import for_host
+
+MARGIN = 0.5  # scheduling slack on a loaded 2-core machine
+
+
+@pytest.fixture
+def engine():
+    with Engine() as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def client():
+    with httpx.Client() as shared:
+        yield shared
+
+
+class Prober:
+    """One progress probe with its memory, checked again and again as a worker would."""
+
+    def __init__(self, client: httpx.Client, params: dict, timeout: float = 1.0) -> None:
+        self.params = progress.Params.model_validate(params)
+        self.ctx = ProbeContext(client, for_host({}), timeout)
+
+    def check(self) -> ProbeResult:
+        return run_probe("engine progress", "progress", self.params, self.ctx)
+
+
+def params_for(engine: Engine, stall_after: float = 0.6, canary: bool = True) -> dict:
+    params: dict = {"metrics": engine.metrics_url, "stall_after": stall_after}
+    if canary:
+        params["completion"] = {"url": engine.url, "model": "m"}
+    return params
+
+
+@pytest.fixture
+def prober(engine, client):
+    return Prober(client, params_for(engine))
+
+
+def verdict(result: ProbeResult) -> tuple[bool, str | None]:
+    return result.ok, result.reason
+
+
+def test_stalled_is_a_reason():
+    assert "stalled" in probes.REASONS
+
+
+# idle
+
+
+def test_idle_engine_answers_the_canary(engine, prober):
+    first = prober.check()
+    assert verdict(first) == (True, None)
+    assert first.detail.startswith("idle: a 1-token request answered in")
+    assert engine.completions == 1
+
+
+def test_idle_hang_is_stalled_within_the_timeout(engine, prober):
+    prober.check()
+    engine.hang()
+
+    started = time.monotonic()
+    result = prober.check()
+
+    assert verdict(result) == (False, "stalled")
+    assert re.fullmatch(
+        r"idle engine did not answer a 1-token request within \d+(\.\d+)? s", result.detail
+    )
+    assert time.monotonic() - started < prober.ctx.timeout + MARGIN
+
+
+def test_idle_dead_engine_is_a_status_failure(engine, prober):
+    engine.completion_status = 500
+    result = prober.check()
+    assert verdict(result) == (False, "status")
+    assert result.detail.startswith("HTTP 500:") and "EngineCore encountered an issue" in (
+        result.detail
+    )
+
+
+def test_without_a_canary_idle_is_ok_and_sends_nothing(engine, client):
+    prober = Prober(client, params_for(engine, canary=False))
+    assert prober.check().detail == "idle: no request active"
+    assert engine.completions == 0
+
+
+# busy and hung with requests active
+
+
+def test_moving_counters_are_progress(engine, prober):
+    engine.running = 2
+    prober.check()
+    engine.generation_tokens += 7
+    engine.prompt_tokens += 100
+    result = prober.check()
+    assert verdict(result) == (True, None)
+    assert result.detail == "progress: +107 tokens, 2 active"
+
+
+def test_busy_engine_is_never_a_failure_and_gets_no_canary(engine, prober):
+    """Long generations and a full queue (a canary would wait): checks well past stall_after."""
+    engine.busy(tokens_per_second=20, running=1, waiting=4)
+    results = []
+    until = time.monotonic() + 3 * prober.params.stall_after
+    while time.monotonic() < until:
+        before = engine.generation_tokens
+        wait_for(lambda b=before: engine.generation_tokens > b, 5, "a token")  # never frozen
+        results.append(prober.check())
+    assert all(r.ok for r in results), [r.detail for r in results if not r.ok]
+    assert engine.completions == 0
+
+
+def test_hang_with_a_request_active_is_stalled_after_stall_after(engine, prober):
+    engine.running = 1
+    prober.check()  # first look: tokens so far, the clock starts
+    engine.generation_tokens += 5
+    last_token_seen = time.monotonic()  # before the check that sees the tokens
+    moved = prober.check()
+    engine.hang()
+
+    results = []
+    while (result := prober.check()).ok:
+        results.append(result)
+        assert time.monotonic() - last_token_seen < prober.params.stall_after + MARGIN
+        time.sleep(0.05)  # a watch's period, shortened
+    stalled_at = time.monotonic() - last_token_seen
+
+    assert moved.detail.startswith("progress: +5 tokens")
+    assert results and all(r.detail.startswith("busy: 1 active, no token for") for r in results)
+    assert (result.reason, result.detail[:13]) == ("stalled", "no token for ")
+    assert result.detail.endswith("s while 1 requests active")
+    assert stalled_at >= prober.params.stall_after
+    assert engine.completions == 0  # requests active: no canary needed, none sent
+
+
+def test_an_unanswered_canary_with_tokens_moving_meanwhile_is_busy(engine, prober):
+    """Idle at the scrape; then work arrives and takes the engine: the canary waits in its
+    queue, but tokens move: busy, not stalled."""
+    prober.check()
+    engine.hang()  # the canary will wait, while someone else's tokens are counted
+    engine.on_completion = lambda: engine.busy(tokens_per_second=50, running=0, waiting=0)
+    result = prober.check()
+    assert verdict(result) == (True, None)
+    assert result.detail.startswith("busy: +") and "while our 1-token request waited" in (
+        result.detail
+    )
+
+
+def test_a_new_server_whose_counters_restart_is_a_first_look(engine, prober):
+    engine.generation_tokens = engine.prompt_tokens = 1000
+    engine.running = 1
+    prober.check()
+    time.sleep(prober.params.stall_after)  # frozen for longer than stall_after...
+    engine.generation_tokens = engine.prompt_tokens = 0  # ...but that server was replaced
+    result = prober.check()
+    assert verdict(result) == (True, None)
+    assert result.detail.startswith("busy: 1 active, no token for 0.")
+
+
+# what /metrics cannot say
+
+
+def test_refused(client):
+    port = free_port()
+    prober = Prober(client, {"metrics": f"http://127.0.0.1:{port}/metrics"})
+    result = prober.check()
+    assert verdict(result) == (False, "refused")
+    assert result.detail == f"connection refused (GET http://127.0.0.1:{port}/metrics)"
+
+
+def test_metrics_error_status(engine, prober):
+    engine.metrics_status = 500
+    result = prober.check()
+    assert verdict(result) == (False, "status")
+    assert result.detail.startswith(f"{engine.metrics_url}: HTTP 500:")
+
+
+def test_a_missing_counter_is_said_once_and_left_out(engine, prober):
+    engine.omit = {"vllm:prompt_tokens_total"}
+    engine.running = 1
+    first, second = prober.check(), prober.check()
+    engine.generation_tokens += 2
+    third = prober.check()
+    assert first.ok and first.detail.endswith(
+        " (/metrics lacks vllm:prompt_tokens_total: left out)"
+    )
+    assert second.ok and "lacks" not in second.detail
+    assert third.detail == "progress: +2 tokens, 1 active"
+
+
+def test_metrics_without_any_counter_is_a_body_failure(engine, prober):
+    engine.omit = {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"}
+    result = prober.check()
+    assert verdict(result) == (False, "body")
+    assert result.detail.startswith(
+        f"{engine.metrics_url} lacks all counters vllm:generation_tokens_total, "
+        "vllm:prompt_tokens_total: # HELP"
+    )
+
+
+def test_huge_metrics_with_histograms_are_read_quickly(engine, prober):
+    engine.padding = 300_000  # about 18 MB of histogram buckets
+    engine.running = 1
+    prober.ctx.timeout = 20
+    prober.check()
+    engine.generation_tokens += 1
+    started = time.monotonic()
+    result = prober.check()
+    assert result.detail == "progress: +1 tokens, 1 active"
+    assert time.monotonic() - started < 5
+
+
+# the Prometheus text scan
+
+
+def test_metric_sum_over_label_sets_ignoring_created_and_other_names():
+    text = (
+        "# HELP vllm:generation_tokens_total tokens\n"
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="a} b\\"c"} 12.0\n'
+        'vllm:generation_tokens_total{engine="1"} 3 1700000000000\n'
+        'vllm:generation_tokens_created{engine="0"} 1.7e9\n'
+        "vllm:generation_tokens_totalish 99\n"
+        'vllm:num_requests_running{engine="0"} NaN\n'
+        'vllm:num_requests_running{engine="1"} 2'
+    )
+    assert progress.metric_sum(text, "vllm:generation_tokens_total") == 15.0
+    assert progress.metric_sum(text, "vllm:generation_tokens") == 15.0  # the family name
+    assert progress.metric_sum(text, "vllm:num_requests_running") == 2.0
+    assert progress.metric_sum(text, "vllm:prompt_tokens_total") is None
+    assert progress.metric_sum("vllm:x 1\n", "vllm:x") == 1.0  # the first line

@@ -1,0 +1,226 @@
+"""checklist.py: items are found like the seed's grep finds them, and a tick or a skip changes
+exactly one marker byte of the file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ralph_runner.errors import FatalError
+from ralph_runner.loop import checklist
+from ralph_runner.loop.checklist import Counts, Item
+
+SEED_LIKE = (
+    "# 레이싱 게임\r\n"
+    "\r\n"
+    "- [x] index.html 골격\r\n"
+    "- [!] src/input.js — 좌우 화살표/A/D 키 핸들러\r\n"
+    "  - [ ] src/game.js 상태 머신 골격\r\n"
+    "\t* [X] nested with a tab and a star\r\n"
+    "- [ ] tests/collision.test.js\r\n"
+    "- [y] not an item\r\n"
+    "-[ ] not an item either\r\n"
+    "- [ ]glued is not an item\r\n"
+    "- [ ]"
+)
+
+
+def test_parse_finds_items_with_lines_indexes_marks_and_stripped_text():
+    assert checklist.parse(SEED_LIKE) == [
+        Item("index.html 골격", 3, 0, "x"),
+        Item("src/input.js — 좌우 화살표/A/D 키 핸들러", 4, 1, "!"),
+        Item("src/game.js 상태 머신 골격", 5, 2, " "),
+        Item("nested with a tab and a star", 6, 3, "x"),
+        Item("tests/collision.test.js", 7, 4, " "),
+        Item("", 11, 5, " "),
+    ]
+
+
+def test_counts_report_progress_and_size():
+    assert checklist.counts(SEED_LIKE) == Counts(
+        done=2, todo=3, skipped=1, chars=len(SEED_LIKE), lines=10
+    )
+    assert checklist.counts("").as_dict() == dict(done=0, todo=0, skipped=0, chars=0, lines=0)
+
+
+def test_next_todo_is_the_first_unchecked_item_in_file_order():
+    assert checklist.next_todo(SEED_LIKE) == Item("src/game.js 상태 머신 골격", 5, 2, " ")
+    assert checklist.next_todo("- [x] a\n- [!] b\n") is None
+
+
+def test_ticking_every_todo_finishes_the_checklist():
+    text = SEED_LIKE
+    while (item := checklist.next_todo(text)) is not None:
+        text = checklist.mark(text, item, "x")
+    assert checklist.counts(text).todo == 0
+    assert len(text) == len(SEED_LIKE)
+
+
+def test_mark_refuses_a_line_that_no_longer_holds_the_item():
+    item = checklist.next_todo(SEED_LIKE)
+    edited = "new first line\n" + SEED_LIKE
+    with pytest.raises(FatalError, match="no longer holds the item") as caught:
+        checklist.mark(edited, item, "!")
+    assert caught.value.problems[0].line == item.line
+    moved = checklist.find(edited, item.text)
+    assert moved.line == item.line + 1
+    assert checklist.parse(checklist.mark(edited, moved, "!"))[moved.index].mark == "!"
+
+
+def test_mark_rejects_an_unknown_marker():
+    with pytest.raises(ValueError, match="not a checklist mark"):
+        checklist.mark(SEED_LIKE, checklist.next_todo(SEED_LIKE), "?")
+
+
+def test_read_and_write_keep_every_byte(tmp_path: Path):
+    path = tmp_path / "CHECKLIST.md"
+    path.write_bytes(SEED_LIKE.encode())
+    os.chmod(path, 0o640)
+    text = checklist.read(path)
+    assert text == SEED_LIKE
+    checklist.write(path, checklist.mark(text, checklist.next_todo(text), "!"))
+    expected = SEED_LIKE.replace("  - [ ] src/game.js", "  - [!] src/game.js").encode()
+    assert path.read_bytes() == expected
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["CHECKLIST.md"]
+
+
+def test_write_through_a_symlink_replaces_the_target(tmp_path: Path):
+    target = tmp_path / "real.md"
+    target.write_text("- [ ] a\n")
+    link = tmp_path / "CHECKLIST.md"
+    link.symlink_to(target)
+    checklist.write(link, "- [x] a\n")
+    assert link.is_symlink()
+    assert target.read_text() == "- [x] a\n"
+
+
+def test_a_failed_write_is_reported_and_leaves_no_temp_file(tmp_path: Path):
+    (tmp_path / "CHECKLIST.md").mkdir()
+    with pytest.raises(FatalError, match="cannot write") as caught:
+        checklist.write(tmp_path / "CHECKLIST.md", "- [x] a\n")
+    assert caught.value.problems[0].file == str(tmp_path / "CHECKLIST.md")
+    assert [p.name for p in tmp_path.iterdir()] == ["CHECKLIST.md"]
+
+
+def test_read_reports_missing_and_undecodable_files(tmp_path: Path):
+    missing = tmp_path / "CHECKLIST.md"
+    with pytest.raises(FatalError, match="cannot read the checklist") as caught:
+        checklist.read(missing)
+    assert caught.value.problems[0].file == str(missing)
+    bad = tmp_path / "bad.md"
+    bad.write_bytes(b"- [x] ok\n- [ ] caf\xe9\n")
+    with pytest.raises(FatalError, match="not valid UTF-8") as caught:
+        checklist.read(bad)
+    problem = caught.value.problems[0]
+    assert (problem.file, problem.line, problem.column) == (str(bad), 2, 10)
+
+
+# --- generated checklists ------------------------------------------------------------------
+
+KOREAN = st.sampled_from(["상태 머신", "충돌 판정", "좌우 화살표", "테스트", "완료"])
+PLAIN = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp"), blacklist_characters="["),
+    max_size=20,
+)
+NEAR_MISSES = st.sampled_from(
+    ["- [y] no", "-[ ] no", "- [ ]glued", "- [x]\u00a0nbsp", "[ ] no bullet", "  -  [] empty", ""]
+)
+
+
+@dataclass
+class Line:
+    body: str
+    marker_at: int | None  # offset of the marker character inside body, for items
+    mark: str = ""
+    text: str = ""
+
+
+@st.composite
+def item_lines(
+    draw,
+    indents=("", " ", "  ", "    ", "\t", " \t"),
+    bullets="-*+",
+    gaps=(" ", "  ", "\t"),
+    marks=" xX!",
+):
+    indent, bullet, gap, mark = (draw(st.sampled_from(c)) for c in (indents, bullets, gaps, marks))
+    text = draw(st.lists(st.one_of(KOREAN, PLAIN), max_size=3).map(" ".join))
+    head = f"{indent}{bullet}{gap}["
+    return Line(f"{head}{mark}] {text}", len(head), mark.lower(), text.strip())
+
+
+@st.composite
+def checklist_files(draw, items, others):
+    """(file text, [(offset of the marker in the text, Line) for each item])."""
+    lines = draw(st.lists(st.one_of(items, others.map(lambda body: Line(body, None))), max_size=12))
+    endings = draw(st.lists(st.sampled_from(["\n", "\r\n"]), min_size=len(lines)))
+    trailing = draw(st.booleans())
+    parts = []
+    offsets = []
+    position = 0
+    for number, (line, ending) in enumerate(zip(lines, endings, strict=False)):
+        last = number == len(lines) - 1
+        piece = line.body + ("" if last and not trailing else ending)
+        if line.marker_at is not None:
+            offsets.append((position + line.marker_at, line))
+        parts.append(piece)
+        position += len(piece)
+    return "".join(parts), offsets
+
+
+ANY_CHECKLIST = checklist_files(item_lines(), st.one_of(PLAIN, NEAR_MISSES, KOREAN))
+# What the seed's `grep -cE '^[ ]*- \[x\]'` understands: spaces, "-", one blank, lowercase x.
+SEED_CHECKLIST = checklist_files(
+    item_lines(indents=("", " ", "   "), bullets="-", gaps=(" ",), marks=" x!"),
+    st.one_of(PLAIN, KOREAN),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANY_CHECKLIST, st.data())
+def test_mark_changes_only_that_items_marker_byte(generated, data):
+    text, items = generated
+    parsed = checklist.parse(text)
+    assert [(i.mark, i.text) for i in parsed] == [(line.mark, line.text) for _, line in items]
+    if not parsed:
+        return
+    chosen = data.draw(st.sampled_from(parsed))
+    new_mark = data.draw(st.sampled_from(["x", "!", " "]))
+    before = text.encode("utf-8")
+    after = checklist.mark(text, chosen, new_mark).encode("utf-8")
+    marker_offset = len(text[: items[chosen.index][0]].encode("utf-8"))
+    assert len(after) == len(before)
+    changed = [i for i in range(len(before)) if before[i] != after[i]]
+    assert set(changed) <= {marker_offset}
+    assert after[marker_offset : marker_offset + 1] == new_mark.encode()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(SEED_CHECKLIST)
+def test_counts_match_the_seeds_grep_and_wc(tmp_path: Path, generated):
+    """The seed counted with `grep -cE '^[ ]*- \\[x\\]'` and `wc -l`/`wc -c` (chars: `wc -m`)."""
+    text, _ = generated
+    path = tmp_path / "CHECKLIST.md"
+    checklist.write(path, text)
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
+
+    def first_number(*argv: str) -> int:
+        out = subprocess.run([*argv, str(path)], capture_output=True, text=True, env=env)
+        return int(out.stdout.split()[0])
+
+    assert checklist.counts(checklist.read(path)) == Counts(
+        done=first_number("grep", "-cE", r"^[ ]*- \[x\]"),
+        todo=first_number("grep", "-cE", r"^[ ]*- \[ \]"),
+        skipped=first_number("grep", "-cE", r"^[ ]*- \[!\]"),
+        chars=first_number("wc", "-m"),
+        lines=first_number("wc", "-l"),
+    )
