@@ -1,0 +1,95 @@
+"""The documentation: the generated reference is current, the site builds offline with strict
+link checking, and the README stays short and self-contained."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+REGENERATE = ".venv/bin/ralph-run schema --markdown > docs/reference.md"
+FORBIDDEN = ("../shared", "/work/shared", "DESIGN.md")
+README_LIMIT = 12_000
+
+
+def _markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_reference_is_the_schema_commands_current_output() -> None:
+    ralph_run = Path(sys.executable).parent / "ralph-run"
+    command = [str(ralph_run)] if ralph_run.exists() else [sys.executable, "-m", "ralph_runner"]
+    current = subprocess.run(
+        [*command, "schema", "--markdown"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    written = (DOCS / "reference.md").read_text(encoding="utf-8")
+    assert written == current, f"docs/reference.md is stale: regenerate it with `{REGENERATE}`"
+
+
+def test_the_site_builds_strictly_and_offline(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    if not mkdocs.exists():
+        pytest.skip(f"no {mkdocs}: pip install -e '.[test]' installs mkdocs and mkdocs-material")
+    built = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)},
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+    assert (tmp_path / "site" / "reference" / "index.html").exists()
+
+
+def test_the_site_fetches_no_fonts() -> None:
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^\s+font: false", config, re.MULTILINE), "theme.font must be false"
+    assert "strict: true" in config
+
+
+def test_every_page_is_in_the_nav() -> None:
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r":\s*([\w/-]+\.md)\s*$", config, re.MULTILINE))
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert pages == listed
+
+
+def test_readme_is_short() -> None:
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= README_LIMIT, f"README.md is {size} bytes, more than {README_LIMIT}"
+
+
+def test_readme_starts_with_the_demo_and_the_tests() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    head = text[:1000]
+    demo = "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/ralph-run demo"
+    tests = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/pytest -q"
+    assert demo in head and tests in head
+    assert head.index(demo) < head.index(tests)
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_points_outside_the_repository(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    for word in FORBIDDEN:
+        assert word not in text, f"{path.relative_to(ROOT)} mentions {word!r}"
+
+
+def test_readme_links_stay_inside_the_repository() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert "://" not in target and not target.startswith(("/", "mailto:")), target
+        if not target.startswith("#"):
+            assert (ROOT / target.split("#")[0]).exists(), f"README links to missing {target}"
