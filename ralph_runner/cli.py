@@ -18,7 +18,8 @@ commands:
   ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
   ralph-run deaths WORKDIR|RUNBOOK|RECORDS.jsonl... [--json]   what the deaths say
   ralph-run report WORKDIR|RUNBOOK|RECORDS.jsonl... [-o FILE]  the same as one HTML page
-  ralph-run schema                                   the runbook language as JSON Schema
+  ralph-run schema [--markdown]                      the runbook language as JSON Schema
+                                                     (--markdown: as a Markdown reference)
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
 
 exit codes:
@@ -106,6 +107,12 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             parser.add_argument("--json", action="store_true", help="the answers as one JSON")
         else:
             parser.add_argument("-o", "--output", default="report.html", help="the HTML file")
+    elif command == "schema":
+        parser.add_argument(
+            "--markdown",
+            action="store_true",
+            help="a Markdown reference of every key instead (docs/reference.md is its output)",
+        )
     elif command == "demo":
         parser.add_argument("--dir", default="demo-workspace", help="throw-away workspace")
         parser.add_argument("--json", action="store_true")
@@ -118,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and argv[0] in COMMANDS else None
+    for index, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the locale could not decode (surrogateescape)
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            print(
+                f"ralph-run: error: argument {index} is not valid UTF-8: {shown}", file=sys.stderr
+            )
+            return 2
     args = _parser(command).parse_args(argv[1:] if command else argv)
     try:
         if command is None:

@@ -140,10 +140,30 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         + ("" if f["ok"] else " " + p("red", _step_status(f)))
     ),
     "watch": lambda f, p: p("red", f"  ! service died during {f['step']}: step killed"),
-    "death": lambda f, p: p("red", f"💀 death #{f['death']} at {f['phase']}: {f['reason']}"),
+    "death": lambda f, p: p(
+        "red",
+        f"💀 death #{f['death']} at {f['phase']}: "
+        + (f"{f['fault']} ({f['reason']})" if f.get("fault") else f"{f['reason']}"),
+    ),
     "capture": lambda f, p: f"  capturing {f['collectors']} diagnostics",
-    "report": lambda f, p: f"  📝 report appended to {f['log']}",
-    "recovery-step": lambda f, p: f"  🔁 recovery attempt {f['attempt']}: {f['step']}",
+    "report": lambda f, p: (
+        f"  📝 report appended to {f['log']}"
+        + (f"\n  🔎 signature: {f['signature']}" if f.get("signature") else "")
+    ),
+    "start": lambda f, p: p(
+        "yellow", f"▶ {f['service']} is not running: starting it ({f['reason']})"
+    ),
+    "started": lambda f, p: (
+        p("green", f"  ✅ started in {f['seconds']:.1f}s")
+        if f["recovered"]
+        else p("red", f"  ❌ not started: {f['reason']}")
+    ),
+    "recovery-wait": lambda f, p: f"  ⏳ another loop recovers it: waiting for {f['by']}",
+    "recovery-step": lambda f, p: (
+        p("dim", f"  ⏭ recovery attempt {f['attempt']}: {f['step']}: skipped ({f['skipped']})")
+        if f.get("skipped")
+        else f"  🔁 recovery attempt {f['attempt']}: {f['step']}"
+    ),
     "recovery-failed": lambda f, p: p(
         "yellow",
         f"  attempt {f['attempt']} failed ({f['reason']}): "
@@ -154,9 +174,11 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         ),
     ),
     "recovery": lambda f, p: (
-        p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
-        if f["recovered"]
-        else p("red", f"  ❌ not recovered: {f['reason']}")
+        p("red", f"  ❌ not recovered: {f['reason']}")
+        if not f["recovered"]
+        else p("green", f"  ✅ up again in {f['seconds']:.1f}s, brought back by {f['by']}")
+        if f.get("by")
+        else p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
     ),
     "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
     "output": lambda f, p: p("dim", "    │ ") + f["text"],
@@ -191,12 +213,18 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
     "interrupted": lambda f, p: p(
         "yellow", f"interrupted by {f['signal']}: state saved (exit {f['exit_code']})"
     ),
-    "summary": lambda f, p: p(
-        "bold",
-        ("stopped at max_iterations: " if f["stopped_at_max"] else "checklist finished: ")
-        + f"{f['iterations']} iterations, {f['done']} done, "
-        f"{f['todo']} todo, {f['skipped']} skipped, "
-        f"{f['deaths']} deaths, {f['seconds']:.1f}s",
+    "summary": lambda f, p: (
+        p(
+            "bold",
+            ("stopped at max_iterations: " if f["stopped_at_max"] else "checklist finished: ")
+            + f"{f['iterations']} iterations, {f['done']} done, "
+            f"{f['todo']} todo, {f['skipped']} skipped, "
+            f"{f['deaths']} deaths, {f['seconds']:.1f}s",
+        )
+        + "".join(
+            p("dim", f"\n  {count} x {signature}")
+            for signature, count in f.get("signatures", {}).items()
+        )
     ),
 }
 VERBOSE_ONLY = {"step"}

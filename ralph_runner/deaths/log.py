@@ -69,6 +69,18 @@ class DeathLog:
         record = self.redactor.data({"event": "recovery", **record})
         self._write(record, "recovery", self.redactor.text(recovery_text(record)))
 
+    def write_start(self, record: dict[str, Any]) -> None:
+        """A start (the service was not running at the run's first check): a JSON record of
+        its own event, which no death statistic counts, and one line in the log."""
+        record = self.redactor.data({"event": "start", **record})
+        done = "started" if record.get("recovered") else f"not started: {record.get('reason')}"
+        line = f"===== {record.get('time')} {record.get('service')} was not running: {done}"
+        self._write(
+            record,
+            "start",
+            self.redactor.text(f"{line} ({seconds_text(record.get('seconds'))} s) =====\n\n"),
+        )
+
     def _render(self, record: dict[str, Any]) -> str:
         return render(record, self.template, self.templar, self.redactor, self.where)
 

@@ -55,6 +55,11 @@ class Death:
     def phase(self) -> str:
         return str(self.record.get("phase") or "?")
 
+    @property
+    def fault(self) -> str:
+        """The fault's class (liveness/faults.py); "?" for records written before classes."""
+        return str(self.record.get("fault") or "?")
+
     @cached_property
     def time(self) -> float | None:
         return epoch(self.record.get("time"))
@@ -173,6 +178,8 @@ def read_file(path: Path, data: Data) -> None:
             latest[entry.get("death")].recovery = entry
         elif event == "iteration":
             data.iterations.append(entry)
+        elif event == "start":
+            pass  # the service was not running at a run's first check: counted, no death
         else:
             data.skipped.add("foreign", path, number)
             continue
@@ -207,6 +214,7 @@ def tables(data: Data) -> dict[str, Any]:
         },
         "by_signature": by_signature(deaths),
         "by_phase": dict(Counter(d.phase for d in deaths).most_common()),
+        "by_fault": dict(Counter(d.fault for d in deaths).most_common()),
         "by_host": by_host(deaths, data.iterations, hosts),
         "between_deaths": between_deaths(deaths, data.iterations),
         "recovery": recovery(recovered, failed),

@@ -22,6 +22,7 @@ def death_row(death: stats.Death) -> dict[str, Any]:
         "time": death.record.get("time"),
         "host": death.host,
         "phase": death.phase,
+        "fault": death.fault,
         "iteration": death.record.get("iteration"),
         "item": (death.record.get("item") or {}).get("text"),
         "prompt_chars": death.prompt_chars,
@@ -69,6 +70,7 @@ def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
         ),
         "",
         f"by phase: {counts(answers['by_phase'])}",
+        f"by fault: {counts(answers['by_fault'])}",
         "by host:",
         *table(
             ["host", "deaths", "iterations", "deaths per iteration"],

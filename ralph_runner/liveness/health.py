@@ -124,6 +124,28 @@ class Health:
             if left <= 0 or _pause(min(poll, left), cancel):
                 return False, results
 
+    def restarts(self) -> tuple[int, str | None]:
+        """How often a probe saw another server answer than before (a new process start, or
+        counters that went back), and the last evidence: the loop compares it across an
+        attempt, so that a call a restart cut is no failure of the agent's."""
+        counts = [state.get("restarts", 0) for state in self._states]
+        evidence = [
+            state["restart_evidence"] for state in self._states if "restart_evidence" in state
+        ]
+        return sum(counts), (evidence[-1] if evidence else None)
+
+    def waiting_since(self) -> float | None:
+        """Since when (monotonic) the engine has had work and made no progress, by the probes
+        that can tell (`progress`); None when it is idle or moving."""
+        times = [s["waiting_since"] for s in self._states if s.get("waiting_since") is not None]
+        return min(times) if times else None
+
+    def stall_window(self) -> float:
+        """The longest `stall_after` of the probes: how long work may wait without progress."""
+        return max(
+            (float(getattr(spec.params, "stall_after", 0.0)) for spec in self.probes), default=0.0
+        )
+
     def close(self) -> None:
         for worker in self._workers:
             worker.stop()

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ralph_runner.actions import TaskResult
+from ralph_runner.liveness import faults
 from ralph_runner.liveness.health import Health
+from ralph_runner.loop import failures
 from ralph_runner.probes import ProbeResult
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
@@ -23,6 +26,7 @@ SAMPLE_DEATH = {
     "probes": [],
     "reasons": [],
     "hung": False,
+    "fault": "server gone",
 }
 
 
@@ -33,10 +37,14 @@ class Outcome:
     seconds: float
     reason: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    by: str | None = None  # healthy again with no step of ours: who (or what) brought it back
 
 
-def death_of(number: int, phase: str, time: str, results: list[ProbeResult]) -> dict[str, Any]:
-    """What recovery steps see as `death`: which death, when, and how the probes failed."""
+def death_of(
+    number: int, phase: str, time: str, results: list[ProbeResult], fault: str | None = None
+) -> dict[str, Any]:
+    """What recovery steps see as `death`: which death, when, how the probes failed, and the
+    fault's class (faults.py)."""
     reasons = sorted({r.reason for r in results if not r.ok and r.reason})
     probes = [
         {"name": r.name, "kind": r.kind, "ok": r.ok, "reason": r.reason, "detail": r.detail}
@@ -49,6 +57,7 @@ def death_of(number: int, phase: str, time: str, results: list[ProbeResult]) -> 
         "probes": probes,
         "reasons": reasons,
         "hung": bool(HUNG.intersection(reasons)),
+        "fault": fault or faults.classify(results)[0],
     }
 
 
@@ -70,11 +79,23 @@ def recover(
     for attempt in range(1, config.attempts + 1):
         failed = None
         for spec in specs:
+            if not tasks.should_run(spec, group, variables):
+                emit(
+                    "recovery-step",
+                    attempt=attempt,
+                    step=spec.name,
+                    skipped=f"when: {spec.task.when}",
+                )
+                steps.append(_step(attempt, spec, TaskResult(ok=True, data={"skipped": True})))
+                continue
             emit("recovery-step", attempt=attempt, step=spec.name)
             result = tasks.run(spec, group, variables, stop)
             steps.append(_step(attempt, spec, result))
             if not result.ok and not spec.task.ignore_errors:
-                failed = f"step {spec.name!r} failed ({_why(result)})"
+                said = failures.explaining_line(failures.clean(result.output))
+                failed = f"step {spec.name!r} failed ({_why(result)})" + (
+                    f": {failures.shorten(said)}" if said else ""
+                )
                 break
         if failed is None:
             healthy, _ = health.wait_healthy(config.healthy_within, cancel=stop)

@@ -1,7 +1,17 @@
-"""ensure_alive, the seed's function made declarative: probe, confirm, capture, report, recover."""
+"""ensure_alive, the seed's function made declarative: probe, confirm, capture, report, recover.
+
+Three things are not deaths of the kind the seed counted, and are told apart here:
+- the first check of a run finds nothing listening: the server is *not running*, so it is
+  started (the recovery steps, as a start), recorded as a `start`, not counted as a death;
+- another loop on this host already recovers the same service: this loop records its own
+  death, waits for that recovery (recovery_lock.py) and runs no step of its own;
+- the server was restarted by someone else during an attempt (`restarted`): a death record,
+  no recovery (it is up), and no strike for the agent.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +21,7 @@ from typing import Any
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import DeathLog
 from ralph_runner.errors import GaveUp
-from ralph_runner.liveness import diagnostics, recovery
+from ralph_runner.liveness import diagnostics, faults, recovery, recovery_lock
 from ralph_runner.liveness.health import Health
 from ralph_runner.loop.state import State
 from ralph_runner.probes import ProbeResult
@@ -35,33 +45,84 @@ class Service:
         self.plan, self.health, self.death_log = plan, health, death_log
         self.state, self.save, self.stop, self.emit = state, save, stop, emit
         self.config = plan.model.recovery
+        self.checked = False  # has this run checked the service yet?
+        self.signatures: list[str] = []  # this run's deaths, by signature (the summary's)
+        self.lock_key = recovery_lock.key_for(
+            self.config.lock, [str(spec.params) for spec in health.probes]
+        )
 
     def ensure_alive(self, phase: str, facts: dict[str, Any], iteration: int | None) -> None:
         """Returns when healthy (at once) or recovered; raises GaveUp when it cannot be."""
         if not self.plan.runbook.probes:
             return
+        first, self.checked = not self.checked, True
         alive, rounds = self.health.check(iteration, cancel=self.stop)
-        if not alive:
+        if alive:
+            return
+        if first and all(r.reason == "refused" for r in rounds[-1] if not r.ok):
+            self.start(rounds, facts)
+        else:
             self.died(phase, rounds, facts)
 
-    def died(self, phase: str, rounds: list[list[ProbeResult]], facts: dict[str, Any]) -> None:
-        """Record the death with every diagnostic, then recover or give up."""
+    def start(self, rounds: list[list[ProbeResult]], facts: dict[str, Any]) -> None:
+        """Nothing listened at the run's first check: start the service (the recovery steps)
+        and record a `start`, which no death statistic counts."""
+        now = time.time()
+        failing = next(r for r in rounds[-1] if not r.ok)
+        name = self.plan.variables.get("service_name", "the service")
+        self.emit("start", service=name, reason=f"{failing.name}: {failing.detail}")
+        death = recovery.death_of(0, "start", iso_time(now), rounds[-1], faults.NOT_RUNNING)
+        variables = {**facts.get("variables", {}), "phase": "start", "death": death}
+        outcome = self._recover_or_reason(now, variables, crash_loop=False)
+        self.death_log.write_start(
+            {
+                "time": iso_time(now),
+                "host": self.plan.host,
+                "runbook": str(self.plan.runbook.path),
+                "service": name,
+                "probes": [r.as_dict() for r in rounds[-1]],
+                **self._outcome_fields(outcome),
+            }
+        )
+        self.emit("started", recovered=outcome.recovered, seconds=round(outcome.seconds, 3),
+                  attempts=outcome.attempts, reason=outcome.reason, by=outcome.by)  # fmt: skip
+        if not outcome.recovered:
+            raise GaveUp(f"service not started: {outcome.reason}", exit_code=self.config.exit_code)
+
+    def restarted(self, phase: str, evidence: str, facts: dict[str, Any]) -> None:
+        """A failed attempt during which another server came to answer (by another loop, a
+        restart policy, a person): a death of its own class, no recovery (it is up again)."""
+        self.died(phase, [], facts, fault=(faults.RESTARTED, evidence))
+
+    def died(
+        self,
+        phase: str,
+        rounds: list[list[ProbeResult]],
+        facts: dict[str, Any],
+        *,
+        fault: tuple[str, str] | None = None,
+        recover: bool | None = None,
+    ) -> None:
+        """Record the death with every diagnostic, then recover (unless it is up again, as
+        after someone else's restart) or give up."""
         now = time.time()
         state = self.state
         state.deaths += 1
         state.death_times.append(now)
         number = state.deaths
-        failing = next((r for r in rounds[-1] if not r.ok), None) if rounds else None
+        results = rounds[-1] if rounds else []
+        fault_class, evidence = fault or faults.classify(results)
         state.last_death = {
             "death": number,
             "time": iso_time(now),
             "phase": phase,
             "item": (facts.get("item") or {}).get("text"),
-            "reason": failing and f"{failing.name}: {failing.reason} ({failing.detail})",
+            "reason": evidence,
+            "fault": fault_class,
         }
         self.save()
-        self.emit("death", death=number, phase=phase, reason=state.last_death["reason"])
-        death = recovery.death_of(number, phase, iso_time(now), rounds[-1] if rounds else [])
+        self.emit("death", death=number, phase=phase, reason=evidence, fault=fault_class)
+        death = recovery.death_of(number, phase, iso_time(now), results, fault_class)
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
         self.emit("capture", collectors=len(self.plan.runbook.collectors))
@@ -76,26 +137,30 @@ class Service:
             "service": self.plan.variables.get("service_name", self.plan.model.name),
             **{k: v for k, v in facts.items() if k != "variables"},
             "phase": phase,
-            "probes": [r.as_dict() for r in rounds[-1]] if rounds else [],
+            "fault": fault_class,
+            "evidence": evidence,
+            "probes": [r.as_dict() for r in results],
             "probe_rounds": len(rounds),
             "collectors": collected,
             "capture_seconds": round(time.monotonic() - started, 3),
         }
         record.update(wiring.at_death(self.plan, record))  # recorder window, signature
         self.death_log.write_death(record)
-        self.emit("report", death=number, log=str(self.death_log.log_path))
-        outcome = self._recover_or_reason(now, variables)
+        self.signatures.append(str(record.get("signature") or "unknown"))
+        self.emit(
+            "report",
+            death=number,
+            log=str(self.death_log.log_path),
+            signature=record.get("signature"),
+        )
+        if recover is None:
+            recover = fault_class != faults.RESTARTED
+        if recover:
+            outcome = self._recover_or_reason(now, variables)
+        else:
+            outcome = recovery.Outcome(True, 0, 0.0, by="someone else (a new server answers)")
         self.death_log.write_recovery(
-            {
-                "event": "recovery",
-                "death": number,
-                "time": iso_time(time.time()),
-                "attempts": outcome.attempts,
-                "recovered": outcome.recovered,
-                "seconds": round(outcome.seconds, 3),
-                "reason": outcome.reason,
-                "steps": outcome.steps,
-            }
+            {"death": number, "time": iso_time(time.time()), **self._outcome_fields(outcome)}
         )
         self.emit(
             "recovery",
@@ -104,23 +169,51 @@ class Service:
             attempts=outcome.attempts,
             seconds=round(outcome.seconds, 3),
             reason=outcome.reason,
+            by=outcome.by,
         )
         if not outcome.recovered:
             raise GaveUp(
                 f"service not recovered: {outcome.reason}", exit_code=self.config.exit_code
             )
 
-    def _recover_or_reason(self, now: float, variables: dict) -> recovery.Outcome:
+    @staticmethod
+    def _outcome_fields(outcome: recovery.Outcome) -> dict[str, Any]:
+        return {
+            "attempts": outcome.attempts,
+            "recovered": outcome.recovered,
+            "seconds": round(outcome.seconds, 3),
+            "reason": outcome.reason,
+            "steps": outcome.steps,
+            **({"by": outcome.by} if outcome.by else {}),
+        }
+
+    def _recover_or_reason(
+        self, now: float, variables: dict, crash_loop: bool = True
+    ) -> recovery.Outcome:
         window = self.config.crash_loop
         recent = [t for t in self.state.death_times if now - t <= window.within]
-        if len(recent) > window.deaths:
+        if crash_loop and len(recent) > window.deaths:
             reason = (
                 f"crash loop: {len(recent)} deaths within {window.within:g} s "
                 f"(crash_loop allows {window.deaths}); a person should look"
             )
             return recovery.Outcome(False, 0, 0.0, reason)
-        group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
+        if self.config.lock == "":
+            return self._recover(variables)
+        me = {"pid": os.getpid(), "workdir": str(self.plan.workdir), "host": self.plan.host}
+        started = time.monotonic()
+        with recovery_lock.held(self.lock_key, me, self._lock_wait(), self.stop) as waited:
+            # Another loop may have brought it back while we confirmed the death or waited:
+            # look before running a step that would stop the server it just started.
+            if waited is not None:
+                self.emit("recovery-wait", by=waited.text(), seconds=round(waited.seconds, 1))
+            if all(result.ok for result in self.health.round()):
+                by = waited.text() if waited else "itself (healthy again before any step)"
+                return recovery.Outcome(True, 0, time.monotonic() - started, by=by)
+            return self._recover(variables)
 
+    def _recover(self, variables: dict) -> recovery.Outcome:
+        group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host
         return recovery.recover(
             self.config,
             self.plan.runbook.recovery_steps,
@@ -130,6 +223,14 @@ class Service:
             self.stop,
             self.emit,
         )
+
+    def _lock_wait(self) -> float:
+        """How long another loop's recovery may take: every attempt's steps to their timeouts,
+        the health wait and the delays, plus a minute."""
+        config = self.config
+        steps = sum(spec.task.timeout or 0.0 for spec in self.plan.runbook.recovery_steps)
+        delays = sum(config.delay * config.backoff**i for i in range(config.attempts - 1))
+        return config.attempts * (steps + config.healthy_within) + delays + 60.0
 
 
 def iso_time(epoch: float) -> str:

@@ -92,12 +92,38 @@ def status_text(exit_code: int | None, timed_out: bool, cancelled: bool, output:
     return shorten(clean(output).replace("\n", "; ")) or "failed"
 
 
+# A line that explains a failure: a Python exception or an `Error:`-like line. The first one
+# counts: a traceback ends in a wrapper ("RuntimeError: Engine core initialization failed. See
+# root cause above.") under the root cause that came first.
+_ERROR_LINE = re.compile(
+    r"^\s*(?:[\w.]*(?:Error|Exception|Exit)\b[:\s]|error[:\[]|ERROR\b|fatal[:\s]|FATAL\b)",
+    re.IGNORECASE,
+)
+# An agent's JSON error (opencode prints it over several lines, ending in `}`): its message.
+_JSON_MESSAGE = re.compile(r'"(?:message|error)"\s*:\s*"((?:[^"\\]|\\.){3,})"')
+_WRAPPERS = ("see root cause above", "see stack trace", "for the root cause")
+
+
+def explaining_line(text: str) -> str | None:
+    """The line of a step's output that says why it failed, if one does: an agent's JSON
+    error message, else the first error-like line that is not a wrapper pointing elsewhere."""
+    message = _JSON_MESSAGE.search(text)
+    if message:
+        return message.group(1).replace('\\"', '"')
+    candidates = [line.strip() for line in text.split("\n") if _ERROR_LINE.match(line)]
+    real = [line for line in candidates if not any(w in line.lower() for w in _WRAPPERS)]
+    chosen = real or candidates
+    return chosen[0] if chosen else None
+
+
 def reason(step: str, status: str, tail: str, from_process: bool) -> str:
-    """The one-line reason of a strike: step, status and the last line the step printed."""
+    """The one-line reason of a strike: step, status and the line that explains it (an error
+    message), else the last line the step printed."""
     last = next((line for line in reversed(tail.split("\n")) if line.strip()), "")
-    if not from_process or not last:
+    said = explaining_line(tail) or last
+    if not from_process or not said:
         return f"{step}: {status}"
-    return f"{step}: {status}: {shorten(last)}"
+    return f"{step}: {status}: {shorten(said)}"
 
 
 def normalise(text: str, item: str) -> str:

@@ -6,6 +6,7 @@ import gc
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -189,6 +190,7 @@ class Runner:
         )
         failed: dict[str, Any] | None = None
         agent_seconds, after_verify = 0.0, False
+        restarts_before = self.health.restarts()[0]
         for spec in self.plan.runbook.loop_steps:
             if failed and spec.kind != "ensure_alive":
                 continue  # after a failure only health checks run: a death must still be seen
@@ -206,10 +208,29 @@ class Runner:
             # server exits): look again, at least SETTLE s later, before blaming the item.
             self.stop.wait(max(self.model.health.interval, SETTLE))
             self._ensure_alive("after-failure")
+            self._account_for(deaths_before, restarts_before)
         died = st.deaths > deaths_before
         # What verify saw is the next iteration's start, unless something ran after it.
         self.known = None if died or after_verify else self.after
         self._settle(item, failed, died, agent_seconds)
+
+    def _account_for(self, deaths_before: int, restarts_before: int) -> None:
+        """A failed attempt with a healthy service now is the agent's only if the service was
+        the same server and made progress (or idled) through it: a restart by someone else is
+        a death of its own; work that waits with no progress is watched until the probes'
+        stall window decides (a step that timed out before the hang bound ran out)."""
+        st = self.state
+        if st.deaths != deaths_before:
+            return
+        restarts, evidence = self.health.restarts()
+        if restarts > restarts_before:
+            self.service.restarted("after-failure", evidence or "a new server", self._facts())
+            return
+        limit = time.monotonic() + self.health.stall_window() + 2 * self.model.health.watch
+        while st.deaths == deaths_before and self.health.waiting_since() is not None:
+            if time.monotonic() > limit or self.stop.wait(self.model.health.interval):
+                return
+            self._ensure_alive("after-failure")
 
     def _step_record(self, spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
         """A failed or killed step as reports show it: how it ended and its last words."""
@@ -494,6 +515,7 @@ class Runner:
             todo=counts.todo,
             skipped=counts.skipped,
             deaths=self.state.deaths,
+            signatures=dict(Counter(self.service.signatures).most_common()),
             seconds=round(time.monotonic() - self.started, 1),
         )
 

@@ -1,18 +1,28 @@
-"""`progress: {metrics, completion, counters, active, stall_after}`: is the engine doing its work?
+"""`progress: {metrics, completion, counters, moving, active, stall_after}`: is the engine working?
 
-vLLM's `/metrics` keeps answering while its engine hangs, but its token counters stop; and a
-request that waits in a busy engine's queue says nothing about liveness. So every check scrapes
-`/metrics` (cheap, adds no load) and compares the token counters with the last check's:
+vLLM's `/metrics` keeps answering while its engine hangs, but its numbers stop; and a request
+that waits in a busy engine's queue says nothing about liveness. So every check scrapes
+`/metrics` (cheap, adds no load) and compares the engine's numbers with the last check's: the
+token counters, and gauges that move with every engine step (`moving`: the KV-cache use, which
+grows with each chunk of a long prefill while no token counter moves until it ends):
 - they moved: ok, however long the queue (a busy engine is never a failure);
-- requests are active and nothing moved: ok until `stall_after` seconds, then "stalled";
+- requests are active and nothing moved: ok until `stall_after` seconds, then "stalled". The
+  window need only outlast one engine step (one prefill chunk), not a whole long prompt;
 - idle and nothing moved: a 1-token canary must be answered within the probe's timeout; an
   error status is "status" (vLLM answers 500 once its engine died); no answer and still no
   token is "stalled", unless more requests than our canary are now active (then: busy).
+- `vllm:engine_sleep_state{sleep_state="awake"}` at 0: the engine was put to sleep (sleep
+  mode), it serves nothing: "stalled", and the death's class says "sleeping".
+
+Each check also notes which server answered: a new `process_start_time_seconds`, or counters
+that went back, mean the server was restarted since the last check (by another loop, a restart
+policy, systemd, a person). `restarts` in the probe's memory counts them, so that the loop can
+tell a failed agent call that a restart cut from a failure of the agent's own.
 
 The probe's memory lives in `ctx.state` (owned by the probe's worker, one check at a time):
-the last counter total, and since when work has waited without a token (None when idle): the
-later of the last token seen and the first check that saw the work (or our unanswered canary
-sent). A hang at time H is thus timed from H + one check period at the latest.
+the last numbers, and since when work has waited without progress (None when idle): the
+later of the last progress seen and the first check that saw the work (or our unanswered
+canary sent). A hang at time H is thus timed from H + one check period at the latest.
 """
 
 from __future__ import annotations
@@ -30,7 +40,12 @@ from ralph_runner.runbook.fields import Templated
 
 KIND = "progress"
 COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
+# Numbers that change as the engine steps without a token counted: the KV-cache use grows with
+# every prefill chunk, a preemption is work too. A server without them is simply not asked.
+MOVING = ["vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]
 ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+STARTED = "process_start_time_seconds"  # which server answered
+AWAKE = "vllm:engine_sleep_state{"  # its sample labelled sleep_state="awake" is 0 when asleep
 RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
 
 Verdict = tuple[bool, str | None, str]
@@ -42,6 +57,7 @@ class Params(BaseModel):
     metrics: str  # vLLM's /metrics, beside /v1
     completion: completion_probe.Params | None = None  # the idle canary; None: idle is not checked
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
+    moving: list[str] = Field(default_factory=lambda: list(MOVING))
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
     stall_after: Templated[PositiveFloat] = 15.0
 
@@ -53,6 +69,9 @@ class Scrape:
     total: float  # the counters, summed
     active: float  # the active gauges, summed
     note: str  # names /metrics lacks, said the first time only
+    motion: tuple[float | None, ...] = ()  # the moving gauges
+    started: float | None = None  # the server's process start (epoch seconds)
+    sleeping: bool = False  # vllm:engine_sleep_state says the engine is not awake
 
 
 def check(params: Params, ctx: ProbeContext) -> Verdict:
@@ -61,20 +80,52 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
     if not isinstance(seen, Scrape):
         return seen
     state, now = ctx.state, time.monotonic()
-    last = state.get("total")
-    state["total"] = seen.total
+    last, last_motion = state.get("total"), state.get("motion")
+    state["total"], state["motion"] = seen.total, seen.motion
+    if restarted(state, seen, last):
+        state["waiting_since"] = None
+    if seen.sleeping:
+        return (
+            False,
+            "stalled",
+            'the engine is asleep (vllm:engine_sleep_state{sleep_state="awake"} 0)',
+        )
     if last is not None and seen.total > last:
         state["waiting_since"] = now if seen.active > 0 else None
         gained = seen.total - last
         return True, None, f"progress: +{gained:g} tokens, {seen.active:g} active{seen.note}"
     if last is None or seen.total < last:  # first look, or a new server: its counters restart
         state["waiting_since"] = None
+    elif seen.active > 0 and last_motion is not None and seen.motion != last_motion:
+        state["waiting_since"] = now  # a prefill chunk, a cache step: no token yet, but work
+        return True, None, f"progress: the engine steps ({moved(params, last_motion, seen)})"
     if seen.active > 0:
         return without_tokens(params, state, seen.active, seen.note)
     state["waiting_since"] = None
     if params.completion is None:
         return True, None, f"idle: no request active{seen.note}"
     return canary(params, ctx, deadline, seen)
+
+
+def restarted(state: dict, seen: Scrape, last_total: float | None) -> bool:
+    """Another server answers than at the last check: count it in `restarts`, say why."""
+    before, state["started"] = state.get("started"), seen.started
+    if before is not None and seen.started is not None and seen.started != before:
+        why = f"{STARTED} {before:.0f} -> {seen.started:.0f}"
+    elif last_total is not None and seen.total < last_total:
+        why = f"the counters went back ({last_total:g} -> {seen.total:g})"
+    else:
+        return False
+    state["restarts"] = state.get("restarts", 0) + 1
+    state["restart_evidence"] = why
+    return True
+
+
+def moved(params: Params, before: tuple[float | None, ...], seen: Scrape) -> str:
+    pairs = zip(params.moving, before, seen.motion, strict=False)
+    return ", ".join(
+        f"{name} {a:g} -> {b:g}" for name, a, b in pairs if a != b and None not in (a, b)
+    )
 
 
 def without_tokens(params: Params, state: dict, active: float, note: str = "") -> Verdict:
@@ -105,6 +156,7 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     if not isinstance(after, Scrape):
         return after
     ctx.state["total"] = after.total  # our canary's own tokens are no progress of the engine
+    ctx.state["motion"] = after.motion
     return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
 
 
@@ -157,8 +209,21 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
     told.update(new)
     note = f" (/metrics lacks {', '.join(new)}: left out)" if new else ""
     return Scrape(
-        sum(v or 0.0 for v in counters.values()), sum(v or 0.0 for v in active.values()), note
+        sum(v or 0.0 for v in counters.values()),
+        sum(v or 0.0 for v in active.values()),
+        note,
+        motion=tuple(metric_sum(text, name) for name in params.moving),
+        started=metric_sum(text, STARTED),
+        sleeping=asleep(text),
     )
+
+
+def asleep(text: str) -> bool:
+    """vLLM's sleep gauge: one sample per state; the one labelled "awake" is 0 while asleep."""
+    for line in text.splitlines() if AWAKE in text else ():
+        if line.startswith(AWAKE) and 'sleep_state="awake"' in line:
+            return sample_value(line, AWAKE[:-1]) == 0.0
+    return False
 
 
 def metric_sum(text: str, name: str) -> float | None:

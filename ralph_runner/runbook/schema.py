@@ -176,7 +176,7 @@ class CrashLoop(Model):
 
 # What recovery steps (and their `when:`) see as `death`: built by service.py, checked by the
 # loader (a `when:` naming another field is refused at its line).
-DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung")
+DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung", "fault")
 
 
 class Recovery(Model):
@@ -187,6 +187,9 @@ class Recovery(Model):
     healthy_within: NonNegativeFloat = 60.0
     exit_code: int = Field(4, ge=1, le=255)
     crash_loop: CrashLoop = CrashLoop()
+    # Loops on one host whose `lock` is the same recover their service once (default: the
+    # URLs of the health probes, so loops on one base URL share it); "" turns sharing off.
+    lock: str | None = None
 
 
 class Recorder(Model):

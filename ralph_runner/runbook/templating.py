@@ -103,6 +103,10 @@ class _Undefined(ChainableUndefined, StrictUndefined):
 
 
 def _text(value: Any) -> Any:
+    if callable(value) and not isinstance(value, str | Undefined):
+        # `{{ '%s'.format_map }}`: a function where a value belongs would put "<built-in
+        # method ...>" into a command
+        raise TemplateError(f"the template gives a function ({value!r:.60}), not a value")
     return "" if value is None else value
 
 
@@ -505,8 +509,20 @@ def _reported(where: Problem | None, text: str) -> Iterator[None]:
     except TemplateError as exc:
         raise FatalError(_at(where, f"{exc}{_line(exc, text)}")) from None
     except Exception as exc:  # a filter's ValueError, a ZeroDivisionError, ...
+        if not _from_template(exc):
+            raise  # raised by ralph-run's own code, not by the template: a bug (exit 70)
         message = f"template error: {type(exc).__name__}: {exc}{_line(exc, text)}"
         raise FatalError(_at(where, message)) from None
+
+
+def _from_template(exc: BaseException) -> bool:
+    """Did the template's own code raise it (`{{ 1 / 0 }}`, a filter given a bad value)?"""
+    traceback = exc.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code.co_filename == "<template>":
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 def _at(where: Problem | None, message: str) -> Problem:

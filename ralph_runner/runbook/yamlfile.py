@@ -103,7 +103,8 @@ class _Bounded(_Loader):
             return self.construct_object(node, deep=True)
         except yaml.MarkedYAMLError:
             raise
-        except Exception as exc:  # PyYAML's constructors: ValueError, AttributeError, ...
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # the constructors'
+            # answer to a tag its text does not fit; anything else is a bug of ours (exit 70)
             tag = node.tag.replace("tag:yaml.org,2002:", "!!")
             raise FatalError(self.at(node, path, f"{tag} {node.value!r}: {exc}")) from None
 

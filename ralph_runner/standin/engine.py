@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ralph_runner.standin.scripted import Reply, ToolCall
 
@@ -73,10 +73,11 @@ class Sequence:
     produced: int = 0
     done: bool = False
     aborted: bool = False
+    prefilled: float = 0.0  # prompt tokens in the KV cache so far (chunked prefill)
 
     @property
     def kv_blocks(self) -> int:
-        return math.ceil((self.prompt_tokens + self.produced) / BLOCK_TOKENS)
+        return math.ceil((min(self.prefilled, self.prompt_tokens) + self.produced) / BLOCK_TOKENS)
 
 
 @dataclass
@@ -90,6 +91,10 @@ class Stats:
     generation_tokens: int = 0
     preemptions: int = 0
     finished: Counter[str] = field(default_factory=Counter)
+    steps: int = 0  # engine steps that scheduled tokens (vllm:iteration_tokens_total's count)
+    step_tokens: int = 0  # ... and their tokens (its sum)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at admission)
+    sleeping: bool = False  # vllm:engine_sleep_state
 
 
 class Engine:
@@ -102,6 +107,8 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.hung = False
+        self.sleeping = False  # put to sleep (vLLM's sleep mode): serves nothing, as hung
+        self.prefill_rate: float | None = None  # prompt tokens/s (chunked prefill); None: at once
         self.dead: str | None = None  # the error message, once dead
         self._credit = 0.0
         self._totals = Stats()
@@ -158,6 +165,13 @@ class Engine:
             self.hung = False
             self.cond.notify_all()
 
+    def sleep(self, asleep: bool) -> None:
+        """vLLM's sleep mode: the engine frees the GPU and schedules nothing until woken."""
+        with self.cond:
+            self.sleeping = asleep
+            self.stats = replace(self.stats, sleeping=asleep)
+            self.cond.notify_all()
+
     def die(self, message: str) -> None:
         with self.cond:
             self.dead = message
@@ -168,13 +182,16 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self.cond:
-                while not self.dead and (self.hung or not (self.waiting or self.running)):
+                while not self.dead and (self.hung or self.sleeping or self._idle()):
                     self.cond.wait()
                 if self.dead:
                     return
                 self._step()
                 self.cond.notify_all()
             time.sleep(self.step_seconds)
+
+    def _idle(self) -> bool:
+        return not (self.waiting or self.running)
 
     def _step(self) -> None:
         """One engine step: admit waiting requests into the batch, a token for each, publish."""
@@ -186,17 +203,32 @@ class Engine:
         while self.waiting and len(self.running) < self.max_num_seqs:
             sequence = self.waiting.popleft()
             self.running.append(sequence)
-            totals.prompt_tokens += sequence.prompt_tokens  # prefill
+            totals.prefix_queries += sequence.prompt_tokens
+            if self.prefill_rate is None:
+                sequence.prefilled = sequence.prompt_tokens
+                totals.prompt_tokens += sequence.prompt_tokens  # prefill
         self._credit += self.tokens_per_step
         tokens, self._credit = int(self._credit), self._credit - int(self._credit)
+        scheduled = 0
         for sequence in list(self.running):
+            if sequence.prefilled < sequence.prompt_tokens:  # a chunk of a long prompt
+                chunk = (self.prefill_rate or math.inf) * self.step_seconds
+                sequence.prefilled = min(sequence.prompt_tokens, sequence.prefilled + chunk)
+                if sequence.prefilled < sequence.prompt_tokens:
+                    continue  # as vLLM 0.32 (measured): no counter moves until the prompt is read
+                totals.prompt_tokens += sequence.prompt_tokens
+                scheduled += sequence.prompt_tokens
             made = min(tokens, len(sequence.plan) - sequence.produced)
+            scheduled += made
             sequence.produced += made
             totals.generation_tokens += made
             if sequence.produced >= len(sequence.plan):
                 sequence.done = True
                 self.running.remove(sequence)
                 totals.finished[sequence.finish_reason] += 1
+        if scheduled:
+            totals.steps += 1
+            totals.step_tokens += scheduled
         blocks = sum(s.kv_blocks for s in self.running)
         self.stats = Stats(
             running=len(self.running),
@@ -206,4 +238,8 @@ class Engine:
             generation_tokens=totals.generation_tokens,
             preemptions=totals.preemptions,
             finished=Counter(totals.finished),
+            steps=totals.steps,
+            step_tokens=totals.step_tokens,
+            prefix_queries=totals.prefix_queries,
+            sleeping=self.sleeping,
         )

@@ -42,6 +42,11 @@ busy N                 load, not a fault        every generation makes at least 
                                                 waiting line, counters moving
 tokens_per_second R    a slower or faster       R tokens/s per sequence from now
                        engine
+prefill_tokens_per_    a long prompt read in    prompts are prefilled at R tokens/s from now (false:
+second R               chunks                   at once): the KV-cache gauge grows each step, no
+                                                token counter moves until the prompt is read
+sleep                  POST /sleep (sleep mode) vllm:engine_sleep_state 1, generation waits (as
+                                                engine_hang) until `sleep: false`
 die                    (the stand-in's first    the request answers 500, exit 0 at once
                        death)
 die_at_request N       (as die)                 on the N-th API request from now (admin requests do
@@ -101,6 +106,8 @@ FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the tab
     "resume": (bool, "the hang ends: what waited goes on"),
     "busy": (int, "every generation makes at least N tokens"),
     "tokens_per_second": (float, "the engine's speed from now, per sequence"),
+    "prefill_tokens_per_second": (float, "prompts are read in chunks at R tokens/s"),
+    "sleep": (bool, "the engine sleeps (sleep mode): engine_sleep_state 1, nothing served"),
     "die": (bool, "die at once: the request answers 500, the process exits 0"),
     "die_at_request": (int, "as die, on the N-th API request from now"),
     "hang": (bool, "accept connections but never answer an API request, /health included"),
@@ -230,6 +237,60 @@ METRICS: list[tuple[str, str, str, Callable[[Stats], list[tuple[dict[str, str], 
     ),
 ]
 
+METRICS += [  # the rest of vLLM 0.32's engine series (issue 19's list), at their values here
+    (
+        "vllm:engine_sleep_state",
+        "gauge",
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+        "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        lambda s: [
+            ({"sleep_state": "awake"}, 0.0 if s.sleeping else 1.0),
+            ({"sleep_state": "weights_offloaded"}, 1.0 if s.sleeping else 0.0),
+            ({"sleep_state": "discard_all"}, 0.0),
+        ],
+    ),
+    (
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of requests waiting, by the reason they wait.",
+        lambda s: [({"reason": "capacity"}, s.waiting), ({"reason": "deferred"}, 0.0)],
+    ),
+    (
+        "vllm:prefix_cache_queries",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        lambda s: [({}, s.prefix_queries)],
+    ),
+    (
+        "vllm:prefix_cache_hits",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        lambda s: [({}, 0.0)],
+    ),
+    (
+        "vllm:admission_rejections",
+        "counter",
+        "Requests rejected at admission.",
+        lambda s: [({}, 0.0)],
+    ),
+    (
+        "vllm:estimated_flops_per_gpu",
+        "counter",
+        "Estimated floating point operations per GPU (0 on CPU).",
+        lambda s: [({}, 0.0)],
+    ),
+]
+HISTOGRAMS: list[tuple[str, str, Callable[[Stats], tuple[float, float]]]] = [
+    # name, help, (count, sum): exposed with a +Inf bucket only, enough for rate() and probes
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     lambda s: (s.steps, s.step_tokens)),
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+     lambda s: (sum(s.finished.values()), s.prompt_tokens)),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+     lambda s: (sum(s.finished.values()), 0.0)),
+]  # fmt: skip
+
+
 ROUTES = {  # path -> (method, Handler method)
     "/health": ("GET", "health"),
     "/v1/models": ("GET", "models"),
@@ -318,6 +379,10 @@ class StandInServer(ThreadingHTTPServer):
             self.log.legacy_death(self.death_blocks())
         if "tokens_per_second" in faults:
             self.engine.set_rate(faults["tokens_per_second"])
+        if "prefill_tokens_per_second" in faults:
+            self.engine.prefill_rate = faults["prefill_tokens_per_second"] or None
+        if "sleep" in faults:
+            self.engine.sleep(faults["sleep"])
         if faults.get("engine_hang") or faults.get("worker_timeout") is not None:
             self.hang_engine(faults.get("worker_timeout"))
         ended = faults.get("engine_hang") is False or faults.get("worker_timeout") is False
@@ -468,6 +533,17 @@ class StandInServer(ThreadingHTTPServer):
                 lines += [f"# HELP {created} {help_text}", f"# TYPE {created} gauge"]
                 started = go_float(self.started)
                 lines += [f"{created}{{{labels}}} {started}" for labels, _ in samples]
+        labels = self.labels({})
+        for name, help_text, count_sum in HISTOGRAMS:
+            count, total = count_sum(stats)
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+            lines += [f'{name}_bucket{{le="+Inf",{labels}}} {float(count)}']
+            lines += [f"{name}_count{{{labels}}} {float(count)}", f"{name}_sum{{{labels}}} {total}"]
+        lines += [
+            "# HELP process_start_time_seconds Start time of the process since unix epoch.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.started:.2f}",
+        ]
         return "\n".join(lines) + "\n"
 
     def labels(self, extra: dict[str, str]) -> str:

@@ -139,6 +139,11 @@ stop_group() {
 }
 
 fail_with_log() {
+  # The root cause first: a traceback ends in a wrapper ("Engine core initialization failed.
+  # See root cause above.") below it, out of reach of the last lines.
+  local cause
+  cause=$(grep -a -m 1 -E '^[A-Za-z_.]*(Error|Exception)\b' "$LOG" 2>/dev/null || true)
+  [[ -n $cause ]] && say "Error: $1: $cause" >&2
   say "$1; last lines of $LOG:" >&2
   tail -n 15 "$LOG" | sed 's/^/    /' >&2
   exit 1

@@ -109,4 +109,4 @@ def test_exit_70_is_documented() -> None:
     )
     assert "70 internal error" in done.stdout
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert "`70`" in readme
+    assert "| 70 | internal error" in readme

@@ -93,7 +93,7 @@ def test_check_refuses_a_when_naming_a_field_a_death_does_not_have(tmp_path, whe
     assert done.returncode == 2, done.stdout
     assert done.stderr.strip().splitlines() == [
         f"ralph-run: error: {runbook}:8:7: recovery.steps[1].when: a death has no field {field!r}; "
-        f"{hint}(it has: number, phase, time, probes, reasons, hung)"
+        f"{hint}(it has: number, phase, time, probes, reasons, hung, fault)"
     ]
 
 
@@ -218,7 +218,8 @@ def test_a_hung_engine_is_stopped_by_the_when_death_hung_step(tmp_path):
 
 
 def test_a_refused_server_is_started_without_the_hung_step(tmp_path):
-    """A server that is not there (refused) is no hung one: `when: death.hung` skips."""
+    """A server that is not there (refused) is no hung one: `when: death.hung` skips. At the
+    run's first check it is a start, not a death: recorded as such, counted nowhere."""
     work = make_workspace(tmp_path / "work", ["one"])
     with StandIn(tmp_path / "vllm") as server:
         runbook = write(
@@ -249,9 +250,18 @@ def test_a_refused_server_is_started_without_the_hung_step(tmp_path):
         done = ralph(str(runbook), "--json", cwd=work)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (tmp_path / "stopped").exists()
-    death, recovered = records(work)
-    assert death["phase"] == "start" and death["probes"][0]["reason"] == "refused"
-    assert [(s["name"], s["skipped"]) for s in recovered["steps"]] == [
+    (start,) = records(work)
+    assert start["event"] == "start" and start["probes"][0]["reason"] == "refused"
+    assert start["recovered"] is True
+    assert [(s["name"], s["skipped"]) for s in start["steps"]] == [
         ("stop the hung server", True),
         ("start", False),
     ]
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("start", "started", "death")] == [
+        "start",
+        "started",
+    ]
+    skipped = [e for e in events if e["event"] == "recovery-step" and e.get("skipped")]
+    assert [e["skipped"] for e in skipped] == ["when: death.hung"]
+    assert json.loads((work / ".ralph" / "state.json").read_text())["deaths"] == 0

@@ -172,11 +172,18 @@ def test_crash_loop_gives_up_instead_of_flapping(tmp_path):
 
 
 def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
-    """The real runbook, against a dead endpoint: its report has the seed's sections."""
+    """The real runbook, its server killed under the agent: its report has the seed's sections.
+    (A server down at the run's first check is a start, not a death: it is seen up first.)"""
     work = workspace(tmp_path)
     start = tmp_path / "start_vllm.sh"  # a start that never finishes: we stop the run there
-    start.write_text("#!/bin/sh\nexec sleep 300\n")
+    start.write_text("#!/bin/sh\nexec sleep 301\n")
     start.chmod(0o755)
+    bin_dir = tmp_path / "bin"  # an agent that works until the server's death kills it
+    bin_dir.mkdir()
+    (bin_dir / "opencode").write_text("#!/bin/sh\nexec sleep 300\n")
+    (bin_dir / "opencode").chmod(0o755)
+    server = StandIn(tmp_path / "vllm")
+    child = server.spawn()
     proc = subprocess.Popen(
         [
             *RALPH,
@@ -185,7 +192,8 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
             "-e",
             json.dumps(
                 {
-                    "base_url": "http://127.0.0.1:9/v1",
+                    "base_url": server.url,
+                    "model": server.model,
                     "start_vllm": str(start),
                     "gpu_sched": "gpu-sched-missing",
                 }
@@ -195,18 +203,17 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
     )
     try:
+        wait_for(lambda: running(["sleep", "300"]), 30, "the agent")
+        child.kill()
+        child.wait(10)
         records = work / "logs/vllm-deaths.jsonl"
         wait_for(lambda: records.is_file() and records.read_text().strip(), 60, "a death record")
-        wait_for(
-            lambda: any(
-                q.info["cmdline"] == ["sleep", "300"] for q in psutil.process_iter(["cmdline"])
-            ),
-            20,
-            "the recovery step",
-        )
+        wait_for(lambda: running(["sleep", "301"]), 20, "the recovery step")
     finally:
+        child.kill()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 143, err
@@ -229,7 +236,8 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
         assert section in log, section
     assert "no NVIDIA driver" in log
     death = json.loads(records.read_text().splitlines()[0])
-    assert death["phase"] == "start" and death["probes"][0]["reason"] == "refused"
+    assert death["phase"] == "during-step" and death["fault"] == "server gone"
+    assert any(p["reason"] == "refused" for p in death["probes"])
     (docker,) = [c for c in death["collectors"] if c["name"] == "docker container status"]
     assert not docker["ok"] or not docker["output"].strip()  # no docker, or no such container
     assert not [
@@ -356,3 +364,7 @@ def test_a_runbooks_own_report_template_is_used(tmp_path):
     done = ralph("diagnose", str(runbook))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "vLLM diagnose: hello=hi ****"
+
+
+def running(cmdline: list[str]) -> bool:
+    return any(q.info["cmdline"] == cmdline for q in psutil.process_iter(["cmdline"]))

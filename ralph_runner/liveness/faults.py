@@ -1,0 +1,49 @@
+"""What kind of fault a death was, in the operator's words, and the evidence for it.
+
+The probes say *how* a check failed (refused, timeout, status, body, error, stalled); an
+operator wants *what happened to the server*: gone, dead, stalled with work waiting, idle and
+not answering, asleep, restarted by someone else. The class goes into the death record, the
+console's death line and `ralph-run deaths`' table by class.
+"""
+
+from __future__ import annotations
+
+from ralph_runner.probes import ProbeResult
+
+NOT_RUNNING = "not running"  # the first check of a run found nothing listening: a start
+GONE = "server gone"  # refused: nothing listens (the API server exited)
+DEAD = "engine dead"  # 500 / 503 (EngineDeadError), the API server still up
+STALLED_WORK = "engine stalled with work waiting"  # requests active, no progress
+STALLED_IDLE = "idle engine not answering"  # nothing active, our 1-token canary unanswered
+ASLEEP = "sleeping"  # vllm:engine_sleep_state: put to sleep, serves nothing
+WEDGED = "server not answering"  # a probe timed out: the API server itself is wedged
+RESTARTED = "restarted by someone else"  # a new server answered during the attempt
+OTHER = "other"
+CLASSES = (
+    GONE, DEAD, STALLED_WORK, STALLED_IDLE, ASLEEP, WEDGED, RESTARTED, OTHER,
+)  # fmt: skip
+
+
+def classify(results: list[ProbeResult]) -> tuple[str, str]:
+    """The class of a death from its last failed round, and the evidence (the failing detail)."""
+    failing = [r for r in results if not r.ok]
+    if not failing:
+        return OTHER, "no failing probe"
+    by_reason = {r.reason: r for r in failing}
+    for reason, cls in (("refused", GONE), ("status", DEAD)):
+        if reason in by_reason:
+            return cls, _evidence(by_reason[reason])
+    stalled = by_reason.get("stalled")
+    if stalled is not None:
+        if "asleep" in stalled.detail:
+            return ASLEEP, _evidence(stalled)
+        if "idle engine" in stalled.detail:
+            return STALLED_IDLE, _evidence(stalled)
+        return STALLED_WORK, _evidence(stalled)
+    if "timeout" in by_reason:
+        return WEDGED, _evidence(by_reason["timeout"])
+    return OTHER, _evidence(failing[0])
+
+
+def _evidence(result: ProbeResult) -> str:
+    return f"{result.name}: {result.reason}: {result.detail}"

@@ -1,0 +1,108 @@
+"""One recovery per service per host, however many loops watch it.
+
+Several loops on one GPU box (one repo each) share one vLLM. When it dies, every loop sees the
+death; if each ran its recovery, they would start the server twice at once (`bind failed`), and
+a start script that stops a server that is "up but not healthy" lets one loop kill the server
+another is starting. So recovery runs under a host-wide lock, one per service: an flock on a
+file under the user's runtime directory, which the kernel releases when its holder dies (a loop
+killed mid-recovery never blocks the others). The holder writes who it is into the file; a loop
+that finds the lock taken waits for it (bounded by the recovery's own limits), then looks at
+the service again before it runs any step of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+POLL = 0.2  # seconds between two tries of a taken lock
+URL = re.compile(r"https?://[^\s'\",)]+")
+
+
+@dataclass
+class Waited:
+    """The lock was taken when we came: by whom, and how long we waited for it."""
+
+    holder: dict
+    seconds: float
+
+    def text(self) -> str:
+        pid, workdir = self.holder.get("pid", "?"), self.holder.get("workdir", "?")
+        return f"the loop of pid {pid} in {workdir}"
+
+
+def directory() -> Path:
+    """Where the locks live: RALPH_LOCK_DIR, else the user's runtime directory, else /tmp."""
+    chosen = os.environ.get("RALPH_LOCK_DIR")
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"ralph-run-{os.getuid()}"
+
+
+def key_for(name: str | None, probe_params: list[str]) -> str:
+    """The service's name: `recovery.lock` when the runbook names one, else the URLs its
+    probes ask (two loops on one base URL share the lock, whatever else their probes say)."""
+    if name:
+        return name
+    urls = sorted({url.rstrip("/") for text in probe_params for url in URL.findall(text)})
+    return " ".join(urls) or "service"
+
+
+@contextlib.contextmanager
+def held(key: str, me: dict, wait: float, cancel: threading.Event) -> Iterator[Waited | None]:
+    """Hold the service's lock. Yields None when it was free, else who held it (we waited);
+    past `wait` seconds (or cancelled) it is taken over anyway: a holder that hangs must not
+    stop every loop, and the recovery's own limits bound what the holder does."""
+    folder = directory()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    fd = os.open(folder / f"recovery-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        waited = _take(fd, wait, cancel)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({**me, "key": key, "since": time.time()}).encode(), 0)
+        try:
+            yield waited
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _take(fd: int, wait: float, cancel: threading.Event) -> Waited | None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        pass
+    holder = _holder(fd)
+    started = time.monotonic()
+    deadline = started + wait
+    while time.monotonic() < deadline and not cancel.wait(POLL):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = _holder(fd) or holder
+    # Past the wait (or cancelled) we go on without the lock: the holder hangs or is slow.
+    return Waited(holder, time.monotonic() - started)
+
+
+def _holder(fd: int) -> dict:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:  # being written: the next poll reads it whole
+        return {}
+    return data if isinstance(data, dict) else {}
