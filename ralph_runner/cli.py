@@ -16,6 +16,10 @@ commands:
                 [-v] [--json]                       one loop per matching host
   ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
   ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
+  ralph-run pause [WORKDIR|RUNBOOK] [--now] [-i INVENTORY]   hold the loop before its next
+                                                     iteration (--now: stop the step, no strike)
+  ralph-run resume [WORKDIR|RUNBOOK] [-i INVENTORY]  let a paused loop go on
+  ralph-run top [WORKDIR|RUNBOOK...] [-i INVENTORY]  a live full-screen view of the loops
   ralph-run deaths WORKDIR|RUNBOOK|RECORDS.jsonl... [--json]   what the deaths say
   ralph-run report WORKDIR|RUNBOOK|RECORDS.jsonl... [-o FILE]  the same as one HTML page
   ralph-run schema [--markdown]                      the runbook language as JSON Schema
@@ -26,11 +30,23 @@ exit codes:
   0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
   4 service not recovered (recovery.exit_code)   5 max_iterations reached with items left
   6 the agent is broken (the same failure on consecutive items, service healthy)
+  7 the agent's usage limit resets after limits.max_wait (limits.exit_code; it says when)
   70 internal error: a bug in ralph-run (the crash file it names has the traceback)
   130/143 interrupted (state saved)
 """
 
-COMMANDS = ("probe", "diagnose", "status", "deaths", "report", "schema", "demo")
+COMMANDS = (
+    "probe",
+    "diagnose",
+    "status",
+    "pause",
+    "resume",
+    "top",
+    "deaths",
+    "report",
+    "schema",
+    "demo",
+)
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +113,38 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
         )
         parser.add_argument("--json", action="store_true")
+    elif command in ("pause", "resume"):
+        parser.add_argument(
+            "target",
+            nargs="?",
+            default=None,
+            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
+        )
+        if command == "pause":
+            parser.add_argument(
+                "--now",
+                action="store_true",
+                help="stop the running step now (as SIGTERM does, no strike) instead of "
+                "letting the iteration finish",
+            )
+        parser.add_argument("-i", "--inventory", help="on every host, over its connection")
+        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
+        parser.add_argument(
+            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
+        )
+        parser.add_argument("--json", action="store_true")
+    elif command == "top":
+        parser.add_argument(
+            "targets",
+            nargs="*",
+            help="workdirs or runbooks (default: .; with -i: a directory template or runbook)",
+        )
+        parser.add_argument("-i", "--inventory", help="every host's loop, over its connection")
+        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
+        parser.add_argument(
+            "--timeout", type=float, default=5.0, help="with -i: seconds per host (default 5)"
+        )
+        parser.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     elif command in ("deaths", "report"):
         parser.add_argument(
             "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"

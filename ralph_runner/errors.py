@@ -1,7 +1,7 @@
 """The errors an operator can act on, each with its exit code: caught once, at the top, in cli.py.
 
-`FatalError` (with `Problem`s: file, line, column, key path) and its kinds `GaveUp` and
-`AgentBroken`; `Interrupted` for SIGINT/SIGTERM. Anything else is a bug (crash.py).
+`FatalError` (with `Problem`s: file, line, column, key path) and its kinds `GaveUp`,
+`AgentBroken` and `Limited`; `Interrupted` for SIGINT/SIGTERM. Anything else is a bug (crash.py).
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ class GaveUp(FatalError):
 
 class AgentBroken(FatalError):
     """The agent failed the same way on consecutive items while the service was healthy."""
+
+
+class Limited(FatalError):
+    """The agent's usage limit resets later than `limits.max_wait`: the loop stops with
+    `limits.exit_code` (7) and says when to come back (loop/limits.py)."""
 
 
 class Interrupted(BaseException):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ralph_runner.durable.redaction import Redactor
+from ralph_runner.loop.limits import span
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 
@@ -209,6 +210,39 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
                 else "; nothing was skipped"
             ),
         )
+    ),
+    "pause-requested": lambda f, p: p(
+        "yellow",
+        "  pause asked for"
+        + (f" by {f['by']}" if f.get("by") else "")
+        + (": stopping the step now" if f.get("now") else ": after this iteration"),
+    ),
+    "paused": lambda f, p: p(
+        "yellow",
+        "⏸ paused"
+        + (
+            f" ({f['killed']} stopped, no strike: {f['item']!r} comes again)"
+            if f.get("killed")
+            else ""
+        )
+        + " before the next iteration: `ralph-run resume` goes on",
+    ),
+    "resumed": lambda f, p: p("green", f"▶ resumed after {f['seconds']:.0f} s paused"),
+    "limited": lambda f, p: (
+        p("yellow", f"  ⏳ usage limit ({f['source']}): {f['line']}")
+        + "\n"
+        + p(
+            "red" if f.get("ends_run") else "yellow",
+            ("  no reset time given" if f.get("guessed") else f"  it resets at {f['reset']}")
+            + (
+                f": further than limits.max_wait, stopped (exit {f['exit_code']}), no strike"
+                if f.get("ends_run")
+                else f": waiting {span(f['seconds'])}, then the item again (no strike)"
+            ),
+        )
+    ),
+    "limited-wait": lambda f, p: p(
+        "dim", f"  ⏳ usage limit: {span(f['seconds'])} left (until {f['until']})"
     ),
     "interrupted": lambda f, p: p(
         "yellow", f"interrupted by {f['signal']}: state saved (exit {f['exit_code']})"

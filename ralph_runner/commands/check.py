@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -90,7 +91,11 @@ def _render(p: plan.Plan) -> dict[str, Any]:
             "max_iterations": model.loop.max_iterations,
             "steps": each(p.runbook.loop_steps, controller, variables),
         },
-        "health": {**model.health.model_dump(exclude={"probes"}), "probes": probes},
+        "health": {
+            **model.health.model_dump(exclude={"probes"}),
+            "probes": probes,
+            **_hang_bound(model.health, plan.probe_specs(p) if probes else []),
+        },
         "diagnostics": {
             "log": str(death_log),
             "timeout": model.diagnostics.timeout,
@@ -215,3 +220,18 @@ def _plain_key(key: Any) -> Any:
 
 def _dump(params: Any) -> Any:
     return params.model_dump() if hasattr(params, "model_dump") else params
+
+
+def _hang_bound(health: Any, specs: list[Any]) -> dict[str, Any]:
+    """The worst case from a hang to its death (docs: hangs): watch + stall_after (rounded up
+    to whole watch periods) + failures_before_dead x the longest probe timeout + the intervals."""
+    stalls = [float(s.params.stall_after) for s in specs if hasattr(s.params, "stall_after")]
+    if not stalls or not health.watch:
+        return {}
+    watch, stall = float(health.watch), max(stalls)
+    longest = max(float(s.timeout) for s in specs)
+    rounds = health.failures_before_dead
+    bound = watch + math.ceil(stall / watch) * watch + rounds * longest
+    bound += (rounds - 1) * health.interval
+    formula = f"{watch:g} + {math.ceil(stall / watch) * watch:g} + {rounds} x {longest:g}"
+    return {"hang_found_within": f"{bound:g} s ({formula} + {rounds - 1} x {health.interval:g})"}

@@ -81,11 +81,34 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    lines.extend(_pause(status) if status["running"] else [])
     lines.extend(_agent_broken(status.get("agent_broken")))
+    lines.extend(_limited(status.get("limited")))
     if isinstance(status.get("updated"), int | float):
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
     return lines
+
+
+def _pause(status: dict[str, Any]) -> list[str]:
+    """`ralph-run pause`: waiting, or about to (the step in hand finishes first)."""
+    pause = status.get("pause")
+    if not isinstance(pause, dict):
+        return []
+    if pause.get("state") == "paused" and isinstance(pause.get("since"), int | float):
+        since = datetime.fromtimestamp(pause["since"]).astimezone().isoformat(timespec="seconds")
+        killed = f", {pause['killed_step']} stopped" if pause.get("killed_step") else ""
+        return [f"pause:      paused since {since}{killed} (`ralph-run resume` goes on)"]
+    when = "stopping the step now" if pause.get("now") else "after the iteration in hand"
+    return [f"pause:      pausing {when}"]
+
+
+def _limited(limited: Any) -> list[str]:
+    """The agent's usage limit the loop waits for, or the one that stopped it (exit 7)."""
+    if not isinstance(limited, dict) or not isinstance(limited.get("until"), int | float):
+        return []
+    until = datetime.fromtimestamp(limited["until"]).astimezone().isoformat(timespec="seconds")
+    return [f"limited:    until {until} ({limited.get('source')}: {limited.get('line')})"]
 
 
 def _agent_broken(broken: Any) -> list[str]:

@@ -88,6 +88,14 @@ class Textfile:
         self.exit_code = Gauge(
             "ralph_exit_code", "The loop's exit code; -1 while it runs.", **labels
         )
+        self.paused = Gauge(
+            "ralph_paused", "1 while the loop waits paused (`ralph-run pause`).", **labels
+        )
+        self.limited_until = Gauge(
+            "ralph_limited_until_timestamp_seconds",
+            "While the loop waits out an agent's usage limit: when it tries again; else 0.",
+            **labels,
+        )
         self.updated = Gauge(
             "ralph_last_update_timestamp_seconds", "When this file was last written.", **labels
         )
@@ -98,6 +106,8 @@ class Textfile:
         self._stop = threading.Event()
         self.up.labels(host).set(1)
         self.exit_code.labels(host).set(-1)
+        self.limited_until.labels(host).set(0)
+        self.paused.labels(host).set(0)
         self.iterations.labels(host)  # present (as 0) from the first write
         self.write()
         self._heartbeat = threading.Thread(target=self._beat, name="metrics", daemon=True)
@@ -114,6 +124,7 @@ class Textfile:
         self._stop.set()
         with self._lock:
             self.up.labels(self.host).set(0)
+            self.paused.labels(self.host).set(0)
             self.exit_code.labels(self.host).set(code)
         self.write()
 
@@ -137,6 +148,7 @@ class Textfile:
     # -- one handler per event kind that moves a metric ----------------------------------
     def _on_iteration(self, f: dict[str, Any]) -> None:
         self.iterations.labels(self.host).inc()
+        self.limited_until.labels(self.host).set(0)
         self._items(f["done"], f["todo"], f["skipped"])
         self.attempts.labels(self.host).set(f["attempts"])
 
@@ -155,6 +167,9 @@ class Textfile:
     def _on_strike(self, f: dict[str, Any]) -> None:
         self.attempts.labels(self.host).set(f["strikes"])
 
+    def _on_limited(self, f: dict[str, Any]) -> None:
+        self.limited_until.labels(self.host).set(f["until"])
+
     def _on_death(self, f: dict[str, Any]) -> None:
         self.deaths.labels(self.host, f["phase"]).inc()
         self.last_death.labels(self.host).set(time.time())
@@ -170,6 +185,12 @@ class Textfile:
         outcome = "recovered" if f["recovered"] else "gave_up"
         self.recoveries.labels(self.host, outcome).inc()
         self.recovery_seconds.labels(self.host).observe(f["seconds"])
+
+    def _on_paused(self, f: dict[str, Any]) -> None:
+        self.paused.labels(self.host).set(1)
+
+    def _on_resumed(self, f: dict[str, Any]) -> None:
+        self.paused.labels(self.host).set(0)
 
     def _items(self, done: int, todo: int, skipped: int) -> None:
         for state, count in (("done", done), ("todo", todo), ("skipped", skipped)):

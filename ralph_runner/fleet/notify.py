@@ -118,6 +118,22 @@ class Notifier:
         if kind == "recovery":
             body = f"death #{f['death']} not recovered: {f['reason']}"
             return Message("gave-up", f"ralph-run gave up on {host}", body)
+        if kind == "limited":
+            reset = "no reset time given" if f.get("guessed") else f"resets at {f['reset']}"
+            then = (
+                f"stopped (exit {f['exit_code']}): run again later"
+                if f.get("ends_run")
+                else f"waiting {f['seconds']:.0f} s, then {f['item']!r} again"
+            )
+            body = f"{f['source']}: {f['line']}; {reset}; {then}"
+            return Message("limited", f"ralph-run: usage limit on {host}", body)
+        if kind == "paused":
+            killed = f" ({f['killed']} stopped)" if f.get("killed") else ""
+            body = f"at iteration {f['iteration']}{killed}; `ralph-run resume` goes on"
+            return Message("paused", f"ralph-run paused on {host}", body)
+        if kind == "resumed":
+            body = f"after {f['seconds']:.0f} s paused"
+            return Message("resumed", f"ralph-run resumed on {host}", body)
         return None
 
     def _ping(self, suffix: str) -> None:

@@ -28,8 +28,9 @@ SIGTERM_EXIT = 143
 CHILD_GRACE = 15.0  # seconds a child gets after SIGTERM to save its state and stop its agent
 # Most severe first: the fleet exits with the first of these that any host exited with. An
 # interrupt beats everything; then what needs a person (a crash, a bad runbook, a service that
-# could not be recovered, a broken agent); then a lock held elsewhere; then max_iterations.
-WORST_FIRST = (143, 130, 70, 2, 4, 6, 3, 5)
+# could not be recovered, a broken agent); then a usage limit to come back after; then a lock
+# held elsewhere; then max_iterations.
+WORST_FIRST = (143, 130, 70, 2, 4, 6, 7, 3, 5)
 
 
 @dataclass

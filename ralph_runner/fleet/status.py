@@ -96,6 +96,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             lines.append((row["host"], f"{state}: {row['error']}", *[""] * 7))
             continue
         state = "running" if row["running"] else row.get("status", "?")
+        if row["running"] and row.get("paused"):
+            state = "paused"
         if not row["running"] and row.get("status") == "running":
             state = "dead (was running)"
         last = row.get("last_death") or {}

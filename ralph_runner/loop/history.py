@@ -2,7 +2,8 @@
 
 It follows the loop's event stream (Output.subscribe), so the loop has no hook for it: an
 `iteration` event opens a line, and the event that settles the iteration closes it: `done`,
-`retry` (the service died: outcome `death`), `strike`, or `skip` (a last strike is followed by
+`retry` (the service died: outcome `death`), `strike`, `skip`, or `limited` (a usage
+limit, waited out: loop/limits.py) (a last strike is followed by
 its skip, so it waits for it). A run that ends inside an iteration (gave up, interrupted, a
 runbook error) closes it with that outcome. `death` events in between give the death numbers.
 
@@ -62,6 +63,10 @@ class History:
                 self.close("strike")  # else: the skip that follows closes it
         elif kind == "skip":
             self.close("skipped")
+        elif kind == "limited":  # a usage limit: waited out (or the run stopped), no strike
+            self.close("limited")
+        elif kind == "paused":  # `pause --now` ended the iteration: no outcome counted
+            self.close("paused")
 
     def close(self, outcome: str) -> None:
         """Write the iteration in hand with `outcome`; nothing when none is open."""

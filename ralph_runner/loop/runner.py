@@ -13,10 +13,10 @@ from typing import Any
 from ralph_runner.actions import TaskResult
 from ralph_runner.deaths import wiring
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted
+from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted, Limited
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import checklist, failures, git, housekeeping, state
+from ralph_runner.loop import checklist, failures, git, housekeeping, limits, pause, state
 from ralph_runner.loop.failures import Failure
 from ralph_runner.output import Output
 from ralph_runner.process import execute, orphans
@@ -54,6 +54,8 @@ class Runner:
         # The checklist's counts for status.json and death records, read again only after
         # something that can change the file ran (a process step, a recovery, a skip).
         self._counts: checklist.Counts | None = None
+        self._outputs: list[str] = []  # the iteration's process steps' output, for limits.py
+        self._limited_since: float | None = None  # the first of the limited attempts in a row
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -99,6 +101,9 @@ class Runner:
             except AgentBroken:
                 state.move(self.state, "agent-broken")
                 raise
+            except Limited:
+                state.move(self.state, "limited")
+                raise
             except FatalError:  # e.g. a template error in a step: fix the runbook, run again
                 state.move(self.state, "failed")
                 raise
@@ -142,6 +147,7 @@ class Runner:
         loaded.pid = os.getpid()
         state.move(loaded, "running")
         loaded.agent_broken = None  # it explained the last stop; this run starts over
+        loaded.limited = None
         return loaded
 
     def _loop(self) -> int:
@@ -157,7 +163,7 @@ class Runner:
             if limit and self.state.iteration >= limit:
                 self._summary(text, stopped=True)
                 return EXIT_MAX_ITERATIONS
-            self._iteration(item)
+            pause.iterate(self, item)  # self._iteration(item), or a wait: `ralph-run pause`
 
     def _iteration(self, item: checklist.Item) -> None:
         st = self.state
@@ -166,7 +172,7 @@ class Runner:
         st.phase = None  # not the last iteration's verify: QUICK steps write no status
         self._save()
         deaths_before = st.deaths
-        self.failed_step, self.after = None, None
+        self.failed_step, self.after, self._outputs = None, None, []
         self.before, self.known = self.known or self._snapshot(), None
         variables = self._variables(item)
         self.output.event(
@@ -197,6 +203,7 @@ class Runner:
             result = self._step(spec, group, variables)
             if spec.kind not in UNWATCHED:
                 agent_seconds += result.seconds
+                self._outputs.append(result.output)
             ran_after = self.after is not None and spec.kind not in ("verify", "ensure_alive")
             after_verify = after_verify or ran_after
             if not result.ok and not spec.task.ignore_errors and not failed:
@@ -295,11 +302,14 @@ class Runner:
     ) -> None:
         st = self.state
         if failed is None:
+            self._limited_since = None
             st.strikes.pop(item.text, None)
             st.last_failure, st.streak_skipped = None, []
             self.output.event("done", item=item.text)
         elif died:
             self.output.event("retry", item=item.text, reason=failed["reason"])
+        elif self._waited_out(item):
+            pass  # a usage limit: no strike, no broken agent; the item comes again
         else:
             failure = self._failure(item, failed, agent_seconds)
             previous = Failure.from_dict(st.last_failure)
@@ -324,6 +334,51 @@ class Runner:
                 st.streak_skipped.append(item.text)
         st.current_item = None
         self._save()
+
+    def _waited_out(self, item: checklist.Item) -> bool:
+        """A failed attempt whose agent said "usage limit" (limits.py) is no strike and no
+        failure for the broken-agent rule: wait for the reset (plus the margin) and retry the
+        item, or stop (Limited, limits.exit_code) when it is further than limits.max_wait."""
+        config = self.model.limits
+        tails = "\n".join(failures.output_tail(o, self.redactor) for o in self._outputs)
+        extra = [limits.pattern(p.regex, p.reset, p.source) for p in config.patterns]
+        limit = limits.find(tails, extra)
+        if limit is None:
+            self._limited_since = None
+            return False
+        now = time.time()
+        since = self._limited_since = self._limited_since or now
+        wait = limits.plan(
+            limit,
+            now=now,
+            since=since,
+            max_wait=config.max_wait,
+            default_wait=config.default_wait,
+            margin=config.margin,
+        )
+        st = self.state
+        st.limited = {"item": item.text, "source": limit.source, "line": limit.evidence}
+        st.limited.update(reset_at=wait.reset_at, until=wait.until)
+        fields = {**st.limited, "reset": limits.when(wait.reset_at), "seconds": wait.seconds}
+        fields.update(guessed=wait.guessed, ends_run=wait.ends_run)
+        if wait.ends_run:
+            st.current_item = None
+            self.output.event("limited", **fields, exit_code=config.exit_code)
+            message = limits.stop_message(limit, wait, since, config.max_wait)
+            raise Limited(message, config.exit_code)
+        st.phase = None
+        self.output.event("limited", **fields)
+        self._save()
+
+        def countdown(left: float) -> None:
+            until = limits.when(wait.until)
+            self.output.event("limited-wait", item=item.text, seconds=left, until=until)
+
+        try:
+            limits.wait_out(wait.until, self.stop, countdown)
+        finally:
+            st.limited = None
+        return True
 
     def _failure(
         self, item: checklist.Item, failed: dict[str, Any], agent_seconds: float
@@ -501,6 +556,9 @@ class Runner:
             "deaths": st.deaths,
             "last_death": st.last_death,
             "agent_broken": st.agent_broken,
+            "limited_until": (st.limited or {}).get("until"),
+            "limited": st.limited,
+            **pause.status_fields(self),  # paused, pause, step_started, attempts
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }

@@ -34,6 +34,7 @@ STATUSES = (
     "stopped",  # max_iterations reached with items left (exit 5)
     "gave-up",  # the service could not be recovered (recovery.exit_code)
     "agent-broken",  # the agent failed the same way on two items (exit 6)
+    "limited",  # the agent's usage limit resets later than limits.max_wait (exit 7)
     "interrupted",  # SIGINT/SIGTERM (exit 130/143)
     "failed",  # a FatalError in the run, e.g. a template error in a step (exit 2)
     "crashed",  # an unexpected exception: a bug in ralph-run (exit 70)
@@ -72,6 +73,9 @@ class State:
     last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
     streak_skipped: list[str] = field(default_factory=list)
     agent_broken: dict[str, Any] | None = None  # {reason, output_tail, items, skipped}
+    # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7):
+    # {item, source, line, reset_at, until}; None once the wait is over or a run starts.
+    limited: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +128,7 @@ _VALID = {
     "last_failure": lambda v: v is None or isinstance(v, dict),
     "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "agent_broken": lambda v: v is None or isinstance(v, dict),
+    "limited": lambda v: v is None or isinstance(v, dict),
 }
 
 

@@ -8,6 +8,7 @@ Action kinds and probe kinds come from their packages, so adding one touches one
 from __future__ import annotations
 
 import difflib
+import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
@@ -214,6 +215,38 @@ class Recorder(Model):
         return self
 
 
+class LimitPattern(Model):
+    """A usage-limit message of the runbook's own, besides the known ones (docs/agents.md)."""
+
+    regex: str  # a Python regex searched in each line of the agent step's output
+    # how its group `reset` reads: epoch, duration ("3 hours 12 minutes", "20s"), retry-after
+    # (seconds or an HTTP date), clock ("3:04 PM", "Sep 5th, 2025 3:04 PM") or none
+    reset: Literal["epoch", "duration", "retry-after", "clock", "none"] = "none"
+    source: str = "runbook"  # the name its `limited` events give
+
+    @model_validator(mode="after")
+    def _compiles(self) -> LimitPattern:
+        try:
+            compiled = re.compile(self.regex)
+        except re.error as exc:
+            raise ValueError(f"`regex` does not compile: {exc}") from None
+        if self.reset != "none" and "reset" not in compiled.groupindex:
+            raise ValueError(f"reset: {self.reset} needs a group (?P<reset>...) in `regex`")
+        return self
+
+
+class Limits(Model):
+    """Usage limits (an agent's provider said "limit, try again at ..."): no strike and no
+    broken agent; the loop waits for the reset and retries the item, or stops."""
+
+    # seconds: a reset further away (from the first limited attempt in a row) stops the run
+    max_wait: NonNegativeFloat = 4 * 3600.0
+    default_wait: PositiveFloat = 900.0  # seconds waited when the message gives no reset time
+    margin: NonNegativeFloat = 10.0  # seconds waited past the reset before the item's retry
+    exit_code: int = Field(7, ge=1, le=255)  # the exit of a run stopped by a limit
+    patterns: list[LimitPattern] = []
+
+
 class Loop(Model):
     max_iterations: NonNegativeInt = 0
     steps: list[TaskEntry]
@@ -225,7 +258,17 @@ class Metrics(Model):
     textfile: str  # e.g. /var/lib/node_exporter/textfile/ralph-{{ inventory_hostname }}.prom
 
 
-NOTIFY_EVENTS = ("death", "recovered", "gave-up", "agent-broken", "finished", "stopped")
+NOTIFY_EVENTS = (
+    "death",
+    "recovered",
+    "gave-up",
+    "agent-broken",
+    "finished",
+    "stopped",
+    "paused",
+    "resumed",
+    "limited",
+)
 
 
 class NotifyTarget(Model):
@@ -256,6 +299,7 @@ class Runbook(Model):
     metrics: Metrics | None = None
     notify: Notify = Notify()
     recorder: Recorder | None = None
+    limits: Limits = Limits()
     loop: Loop
 
 
@@ -289,6 +333,8 @@ def _known_keys() -> set[str]:
         Notify,
         NotifyTarget,
         Recorder,
+        Limits,
+        LimitPattern,
     ):
         keys.update(model.model_fields)
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)

@@ -1,6 +1,6 @@
 """Make a tiny random-weight Llama that the real vLLM serves on a CPU, with no download.
 
-usage: python runbooks/vllm-local/make_tiny_model.py OUT_DIR
+usage: python runbooks/vllm-local/make_tiny_model.py OUT_DIR [--slow]
 (with a python that has torch, transformers and tokenizers: vLLM's own; ci/install-vllm.sh
 runs it with .cache/vllm-venv/bin/python)
 
@@ -14,6 +14,10 @@ What it makes, and why each number:
   <unk>), so whatever the random model says is ASCII: never U+2028 or U+0085, which SSE clients
   that split lines like `str.splitlines` (httpx's `iter_lines`, httpx-sse) break frames at.
 Random weights answer gibberish; the tests care about the engine, not the words.
+
+`--slow` makes the same model with 8 layers, hidden 512 and 65536 positions: its prefill of
+30,000 tokens takes ~19 s on the CPU (the tiny one: ~2 s), so that a long prefill, during which
+no token counter moves, can be tested against the hang detection.
 """
 
 import json
@@ -60,21 +64,21 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
         bos_token="<s>",
         eos_token="</s>",
         chat_template=CHAT_TEMPLATE,
-        model_max_length=32768,
+        model_max_length=65536,
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(tokenizer: PreTrainedTokenizerFast, slow: bool) -> LlamaForCausalLM:
     """Random weights from a fixed seed, so every install makes the same model."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),  # every id the model can emit decodes
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=32768,
+        hidden_size=512 if slow else 128,
+        intermediate_size=1024 if slow else 256,
+        num_hidden_layers=8 if slow else 2,
+        num_attention_heads=8 if slow else 4,  # head size 64 / 32
+        num_key_value_heads=8 if slow else 4,
+        max_position_embeddings=65536 if slow else 32768,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -83,9 +87,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(torch.bfloat16)
 
 
-def main(out: Path) -> None:
+def main(out: Path, slow: bool) -> None:
     tokenizer = train_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, slow)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -94,6 +98,6 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--slow"]):
         sys.exit(__doc__)
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), slow=sys.argv[2:] == ["--slow"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import statistics
 import threading
 import time
 
@@ -236,15 +235,3 @@ def test_a_check_past_its_timeout_is_cut_off_and_not_restarted(trickler, make_he
     ]
     stop.set()  # the server hangs up: the check ends, and the next round runs it afresh
     wait_for(lambda: "still hung" not in health.round()[0].detail, 5, "a fresh check")
-
-
-def test_healthy_check_cost(standin, make_health):
-    """Measured, not asserted: the median cost of a healthy check with one http probe."""
-    health = make_health(models(standin.url))
-    costs = []
-    for iteration in range(1, 201):
-        started = time.perf_counter()
-        alive, _ = health.check(iteration)
-        costs.append(time.perf_counter() - started)
-        assert alive
-    print(f"median healthy Health.check(): {statistics.median(costs) * 1000:.2f} ms")

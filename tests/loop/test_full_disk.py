@@ -17,9 +17,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario
+from e2e_helpers import RalphRun, Scenario
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,7 +58,7 @@ def full(tmp_path: Path) -> Iterator[Scenario]:
     scenario = Scenario(tmp_path)
     mounted: list[Path] = []
     try:
-        scenario.prepare(["first item", "second item", "third item"], agent_sleep="0.3")
+        scenario.prepare(["first item", "second item", "third item"], agent_sleep="2")
         document = yaml.safe_load(scenario.runbook_path.read_text())
         document["metrics"] = {"textfile": "textfile/ralph.prom"}
         scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -77,16 +78,14 @@ def _start(scenario: Scenario) -> RalphRun:
 
 
 def _die_during_agent(scenario: Scenario, run: RalphRun, iteration: int) -> None:
-    run.wait_event("step", step=AGENT_STEP, timeout=30)
-    run.wait_event("iteration", iteration=iteration, timeout=30)
-    agents = len(run.of("step", step=AGENT_STEP))
+    """The server dies while the agent of `iteration` thinks (2 s, before its call): the
+    watch finds it during the step."""
     deaths = len(run.of("death"))
-
-    def agent_running() -> bool:
-        return len(run.of("step", step=AGENT_STEP)) >= agents
-
-    assert agent_running()
-    scenario.standin.trigger(die=True)
+    run.wait_agent(iteration, timeout=30)
+    with contextlib.suppress(httpx.HTTPError):  # it dies answering
+        scenario.standin.admin("die")
+    death = run.wait_event("death", death=deaths + 1, timeout=40)
+    assert death["phase"] == "during-step", death
     run.wait_event("recovery", death=deaths + 1, timeout=40)
 
 
@@ -151,6 +150,7 @@ def test_a_full_state_and_log_directory_at_start(full: Scenario) -> None:
     assert any("metrics textfile" in w and "No space left" in w for w in warnings), warnings
     (death,) = _records_on_stderr(run.stderr)
     assert death["event"] == "death" and death["death"] == 1
+    assert death["phase"] == "during-step"
     assert death["collectors"] and death["probes"], "the whole record, diagnostics and all"
     assert "could not write recovery record" in run.stderr
     _assert_nothing_torn(full.workspace)
@@ -171,6 +171,7 @@ def test_the_disk_fills_up_between_two_deaths(full: Scenario) -> None:
     assert full.marks() == ["x", "x", "x"], full.checklist()
     (second,) = _records_on_stderr(run.stderr)
     assert second["death"] == 2 and second["collectors"]
+    assert second["phase"] == "during-step"
     assert [r["death"] for r in full.records("death")] == [1], "death 2 lives on stderr only"
     _assert_nothing_torn(full.workspace)
     for name in FULL:  # space again: the next save and death write normally

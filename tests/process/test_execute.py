@@ -155,7 +155,8 @@ def test_cancel_kills_within_a_short_deadline():
     )
     returned_at = time.monotonic()
     assert result.cancelled and not result.timed_out and result.exit_code is None
-    assert returned_at - seen_at[0] < 0.5
+    # The contract: a cancel is acted on within 0.25 s (execute.py); 4x margin for a loaded CI
+    assert returned_at - seen_at[0] < 1.0
     assert wait_until(lambda: all(gone(pid) for pid in pids_in(result.output)), within=3)
 
 
@@ -203,15 +204,28 @@ def test_output_cap_does_not_start_with_half_a_character():
 def test_a_hundred_megabytes_of_output_keeps_memory_flat():
     me = psutil.Process()
     before = me.memory_info().rss
-    result = execute.shell(
-        "head -c 100000000 /dev/zero | tr '\\0' x; echo; echo THE END", max_output=64 * 1024
-    )
-    growth = me.memory_info().rss - before
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:  # the peak while it runs: buffering it all, then trimming, shows
+        while not done.wait(0.01):
+            peak.append(me.memory_info().rss)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = execute.shell(
+            "head -c 100000000 /dev/zero | tr '\\0' x; echo; echo THE END", max_output=64 * 1024
+        )
+    finally:
+        done.set()
+        sampler.join()
+    growth = max(peak) - before
     assert result.exit_code == 0
     assert result.output.endswith("x\nTHE END\n")
     assert len(result.output.encode()) == 64 * 1024
     assert result.cut_bytes == 100_000_000 + len("\nTHE END\n") - 64 * 1024
-    assert growth < 50 * 1024 * 1024, f"RSS grew by {growth / 2**20:.0f} MiB"
+    assert len(peak) > 10, "too few samples to see a peak"
+    assert growth < 50 * 1024 * 1024, f"RSS peaked {growth / 2**20:.0f} MiB above the start"
 
 
 def test_a_background_process_holding_the_output_does_not_block_for_long():

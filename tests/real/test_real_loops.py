@@ -34,9 +34,9 @@ AGENT_STEP = "run the agent"
 # generates, this process's polls came up to 10.5 s apart (measured): the think outlasts that.
 THINK_SECONDS = 25
 THINK_TOKENS = 30000  # more than THINK_SECONDS of the tiny model gives (max-model-len 32768)
-STALL_AFTER = 15  # -e stall_after: the tiny model's prefill takes milliseconds (shipped: 60)
+STALL_AFTER = 15  # runbooks/vllm-local.yaml's, as shipped
 # runbooks/vllm-local.yaml's hang bound: watch + stall_after + 2 x probe timeout + interval.
-HANG_BOUND = 5 + STALL_AFTER + 2 * 5 + 1
+HANG_BOUND = 3 + STALL_AFTER + 2 * 5 + 1
 LOAD_MARGIN = 15  # s on top of a stated bound: two shared cores, other tests running
 RUN_TIMEOUT = 420  # s for a whole loop, one cold restart included
 
@@ -59,10 +59,12 @@ def agent_command(engine: Engine, think: bool) -> str:
 class Loop:
     """One `ralph-run runbooks/vllm-local.yaml --json` in a fresh git workspace."""
 
-    def __init__(self, root: Path, engine: Engine, items: list[str], think: bool) -> None:
+    def __init__(
+        self, root: Path, engine: Engine, items: list[str], think: bool, agent: str | None = None
+    ) -> None:
         self.workspace = make_workspace(root / "work", items)
         self.engine = engine
-        facts = {**engine.facts, "agent": agent_command(engine, think), "stall_after": STALL_AFTER}
+        facts = {**engine.facts, "agent": agent or agent_command(engine, think)}
         command = [sys.executable, "-m", "ralph_runner", str(RUNBOOK), "--json"]
         self.run = RalphRun([*command, "-e", json.dumps(facts)], self.workspace)
 

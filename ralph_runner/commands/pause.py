@@ -1,0 +1,61 @@
+"""`ralph-run pause [WORKDIR|RUNBOOK] [--now]`: hold a running loop before its next iteration.
+
+It writes the control file `.ralph/pause` (loop/pause.py says what the loop does with it);
+`ralph-run resume` removes it. With `-i INVENTORY`, on every host the pattern matches, over the
+host's connection (fleet/control.py). Exit 1 when any host could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ralph_runner.commands import status
+from ralph_runner.fleet import control
+from ralph_runner.fleet import status as fleet_status
+from ralph_runner.loop import pause, state
+
+EXIT_NOT_ALL = 1
+
+
+def main(args: argparse.Namespace) -> int:
+    return control_main(args, "pause")
+
+
+def control_main(args: argparse.Namespace, action: str) -> int:
+    now = bool(getattr(args, "now", False))
+    if args.inventory:
+        places = fleet_status.workdirs(args.target, args.inventory, args.limit)
+        rows = control.send_all(args.inventory, places, action, now, args.timeout)
+        if args.json:
+            print(json.dumps(rows, ensure_ascii=False, sort_keys=True))
+        else:
+            for row in rows:
+                said = row.get("said") or f"error: {row.get('error')}"
+                print(f"{row['host']}: {row['workdir']}: {said}")
+        return EXIT_NOT_ALL if any("error" in row for row in rows) else 0
+    workdir = status.workdir_of(args.target or ".")
+    if action == "pause":
+        pause.request(workdir, now)
+        said = "pause asked for"
+    else:
+        said = "resumed" if pause.release(workdir) else "not paused"
+    found = state.Store(workdir).read_status() or {}
+    running = bool(found.get("running")) and status._alive(found.get("pid"))
+    if args.json:
+        print(json.dumps({"workdir": str(workdir), "said": said, "running": running}))
+        return 0
+    print(f"{workdir}: {said}: {_meaning(action, said, now, running)}")
+    return 0
+
+
+def _meaning(action: str, said: str, now: bool, running: bool) -> str:
+    if action == "resume":
+        if said == "not paused":
+            return "no pause was asked for"
+        return "the loop goes on within a second" if running else "no loop runs there now"
+    if not running:
+        return "no loop runs there now: the next run waits before its first iteration"
+    if now:
+        return "the running step is stopped now (no strike); the loop waits"
+    return "the loop waits after the iteration in hand; `ralph-run resume` lets it go on"

@@ -1,0 +1,71 @@
+"""`ralph-run pause|resume -i INVENTORY`: the pause control file written on every host.
+
+Each host's loop looks at its own `.ralph/pause` (loop/pause.py), so the file is written (or
+removed) over the host's connection, local or OpenSSH, as `status -i` reads status.json: all
+hosts at once, each within `timeout` seconds, one that does not answer is "unreachable".
+Written atomically on the host: a temp file in `.ralph/`, then `mv`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ralph_runner.errors import FatalError
+from ralph_runner.loop import pause
+from ralph_runner.loop.state import STATE_DIR
+from ralph_runner.process import connection
+from ralph_runner.runbook import inventory
+
+NO_WORKDIR = 3
+PAUSE = (
+    'd={dir}; [ -d "$d" ] || {{ echo "no such workdir: $d"; exit 3; }}; '
+    'mkdir -p "$d/{state}" && printf "%s" {text} > "$d/{state}/.{name}.ralph-tmp"'
+    ' && mv -f "$d/{state}/.{name}.ralph-tmp" "$d/{state}/{name}" && echo \'pause asked for\''
+)
+RESUME = (
+    'd={dir}; [ -d "$d" ] || {{ echo "no such workdir: $d"; exit 3; }}; '
+    'if [ -e "$d/{state}/{name}" ]; then rm -f "$d/{state}/{name}" && echo resumed;'
+    " else echo 'not paused'; fi"
+)
+
+
+def command(action: str, workdir: str, now: bool = False) -> str:
+    """The shell that pauses or resumes the loop of `workdir` on its host."""
+    quoted = workdir if workdir.startswith("~/") else shlex.quote(workdir)
+    template = PAUSE if action == "pause" else RESUME
+    text = shlex.quote(pause.request_text(now)) if action == "pause" else ""
+    return template.format(dir=quoted, state=STATE_DIR, name=pause.CONTROL, text=text)
+
+
+def send_one(
+    host: str, conn: connection.Connection, workdir: str, action: str, now: bool, timeout: float
+) -> dict[str, Any]:
+    """One host's answer: {host, workdir, said} or {host, workdir, error}; never raises."""
+    result = conn.shell(command(action, workdir, now), timeout=timeout)
+    base = {"host": host, "workdir": workdir}
+    lines = result.output.strip().splitlines()
+    if result.timed_out:
+        return {**base, "error": f"unreachable: no answer within {timeout:g} s"}
+    if result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
+        return {**base, "error": "unreachable: " + (lines[-1] if lines else "ssh failed")}
+    if result.exit_code != 0:
+        return {**base, "error": lines[-1] if lines else f"exit {result.exit_code}"}
+    return {**base, "said": lines[-1] if lines else action}
+
+
+def send_all(
+    inventory_path: str, places: dict[str, str], action: str, now: bool, timeout: float
+) -> list[dict[str, Any]]:
+    inv = inventory.load(inventory_path)
+
+    def one(host: str) -> dict[str, Any]:
+        try:
+            conn = connection.for_host({**inv.host_vars(host), "inventory_hostname": host})
+        except FatalError as exc:
+            return {"host": host, "workdir": places[host], "error": str(exc.problems[0])}
+        return send_one(host, conn, places[host], action, now, timeout)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(places)))) as pool:
+        return list(pool.map(one, places))

@@ -1,0 +1,104 @@
+"""Issue 19 on the real vLLM, with runbooks/vllm-local.yaml's probes as shipped: a hang is found
+within the 29 s bound also before the agent's request generates, and a long prefill (no token
+counter moves for its whole length) and a long generation are no death.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from real_helpers import ARGS, SERVED_NAME, SLOW_MODEL_DIR, Engine
+from standin_helpers import free_port
+from test_real_loops import AGENT_STEP, HANG_BOUND, LOAD_MARGIN, RUN_TIMEOUT, STALL_AFTER, Loop
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
+PREFILL_TOKENS = 48000  # ~50 s on the slow model here (30,000: ~19 s)
+SLOW_ARGS = ARGS.replace("--max-model-len 32768", "--max-model-len 50000")
+GENERATION_SECONDS = 70
+
+
+def standin_agent(engine: Engine) -> list[str]:
+    agent = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", engine.url]
+    return [*agent, "--model", SERVED_NAME, "--timeout", "120", "--"]
+
+
+def curl(engine: Engine, path: str, body: dict, max_time: float, timing: Path) -> str:
+    """A curl of the engine whose total time lands in `timing`; a cut by --max-time is done.
+    The body goes through a file: 48,000 token ids are more than one argument may hold."""
+    data = timing.with_name(f"body-{len(list(timing.parent.glob('body-*')))}.json")
+    data.write_text(json.dumps(body))
+    command = ["curl", "-sS", "-f", "--max-time", f"{max_time:g}", "-o", "/dev/null"]
+    command += ["-w", "%{time_total}\\n", "-H", "content-type: application/json"]
+    command += ["-d", f"@{data}", f"{engine.url}{path}"]
+    return f"{{ {shlex.join(command)} >>{shlex.quote(str(timing))} || [ $? = 28 ]; }}"
+
+
+def test_a_hang_before_the_agents_request_is_found_within_the_bound(
+    healthy_engine: Engine, tmp_path: Path
+) -> None:
+    """SIGSTOP of EngineCore while the agent is still thinking (no request in flight): the
+    gauges freeze at 0 running, so the idle canary of the next watch check goes unanswered."""
+    agent = f"sleep 20 && {shlex.join(standin_agent(healthy_engine))}"
+    loop = Loop(tmp_path, healthy_engine, ["before one"], think=False, agent=agent)
+    loop.run.wait_agent(1, timeout=120)
+    old_group = [p.pid for p in healthy_engine.processes()]
+    healthy_engine.signal_engine(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    death = loop.run.wait_event("death", timeout=HANG_BOUND + LOAD_MARGIN + 30)
+    found_after = time.monotonic() - stopped_at
+    print(f"hang before the request found after {found_after:.1f} s (bound {HANG_BOUND} s)")
+    assert found_after <= HANG_BOUND + LOAD_MARGIN, f"hang found after {found_after:.1f} s"
+    assert death["fault"] == "idle engine not answering", death
+    assert loop.finish() == 0, loop.run.events[-5:]
+    assert loop.marks() == ["x"] and loop.strikes() == {}
+    assert healthy_engine.pgid not in (None, old_group[0]), "the server was not restarted"
+
+
+@pytest.fixture
+def slow_engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None):
+    served = Engine(tmp_path_factory.mktemp("slow"), free_port(), SLOW_MODEL_DIR, SLOW_ARGS)
+    try:
+        served.script("start")
+        yield served
+    finally:
+        served.stop()
+
+
+def test_a_long_prefill_and_a_long_generation_are_no_death(
+    slow_engine: Engine, tmp_path: Path
+) -> None:
+    """The agent sends a 48,000-token prompt (its prefill outlasts stall_after several times
+    over, and no token counter moves until it ends), then generates for 70 s, then does its
+    item: with the shipped probes, no death and no strike."""
+    timing = tmp_path / "curl-seconds"
+    prefill = {"model": SERVED_NAME, "prompt": [5] * PREFILL_TOKENS, "max_tokens": 1}
+    generate = {"model": SERVED_NAME, "prompt": "go", "max_tokens": 40000, "ignore_eos": True}
+    agent = " && ".join(
+        [
+            curl(slow_engine, "/completions", prefill, 400, timing),
+            curl(slow_engine, "/completions", generate, GENERATION_SECONDS, timing),
+            shlex.join(standin_agent(slow_engine)),
+        ]
+    )
+    loop = Loop(tmp_path, slow_engine, ["long prompt"], think=False, agent=agent)
+    run = loop.run
+    try:
+        code = run.wait(RUN_TIMEOUT + 300)
+    finally:
+        run.kill()
+    seconds = [float(line) for line in timing.read_text().split()] if timing.exists() else []
+    print(f"prefill {seconds[:1]} s, generation {seconds[1:2]} s (stall_after {STALL_AFTER} s)")
+    assert code == 0, (run.events[-5:], run.stderr[-2000:])
+    assert not run.of("death") and not run.of("strike"), run.events
+    assert seconds and seconds[0] >= 2 * STALL_AFTER, (
+        f"the prefill was too short to prove it: {seconds}"
+    )
+    assert len(seconds) == 2 and seconds[1] >= GENERATION_SECONDS - 5, seconds
+    steps = run.of("step-done", step=AGENT_STEP)
+    assert [s["ok"] for s in steps] == [True]
