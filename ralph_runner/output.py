@@ -182,6 +182,11 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         else p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
     ),
     "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
+    "receipt": lambda f, p: p(
+        "dim",
+        f"  🧾 {f.get('requests', 0)} requests: {f.get('prompt_tokens', 0)} prompt + "
+        f"{f.get('generated_tokens', 0)} generated tokens",
+    ),
     "output": lambda f, p: p("dim", "    │ ") + f["text"],
     "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
     "done": lambda f, p: p("green", f"  done: {f['item']}"),

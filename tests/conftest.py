@@ -25,6 +25,7 @@ TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "re
 UNIT_MODULES = {  # no process started, no server: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_check", "test_death_log", "test_deaths_command",
+    "test_failure_causes",
     "test_limit_patterns",
 }  # fmt: skip
 SSH_MODULES = {"test_remote", "test_fleet_status", "test_deploy"}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ralph_runner.errors import Problem
     from ralph_runner.process.connection import Connection
-    from ralph_runner.process.execute import Result
+    from ralph_runner.process.execute import IdleWatch, Result
     from ralph_runner.runbook.templating import Templar
 
 ParamsT = TypeVar("ParamsT", bound=BaseModel)
@@ -48,6 +48,7 @@ class TaskResult:
     cancelled: bool = False
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
+    stalled: str | None = None  # killed by its idle_timeout: why (execute.Result.stalled)
 
     @classmethod
     def from_process(cls, result: Result) -> TaskResult:
@@ -59,6 +60,7 @@ class TaskResult:
             timed_out=result.timed_out,
             cancelled=result.cancelled,
             seconds=result.seconds,
+            stalled=result.stalled,
         )
 
     def register(self) -> dict[str, Any]:
@@ -69,6 +71,7 @@ class TaskResult:
             "failed": not self.ok,
             "ok": self.ok,
             "timed_out": self.timed_out,
+            "stalled": self.stalled is not None,
             "truncated": self.cut_bytes > 0,
             "seconds": round(self.seconds, 3),
             **self.data,
@@ -90,6 +93,7 @@ class TaskContext:
     cancel: threading.Event | None = None
     run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
     on_output: Callable[[str], None] | None = None  # live output, for `ralph-run -v`
+    idle: IdleWatch | None = None  # the task's idle_timeout, as a watch (loop steps only)
 
     def render_params(self, params: ParamsT) -> ParamsT:
         """`params` with every template in them rendered, validated again as their own type."""
@@ -98,7 +102,7 @@ class TaskContext:
 
     def process_options(self) -> dict[str, Any]:
         """The keywords of Connection.shell / .argv for this task."""
-        return {
+        options = {
             "cwd": self.cwd,
             "env": self.env,
             "timeout": self.timeout,
@@ -106,6 +110,7 @@ class TaskContext:
             "cancel": self.cancel,
             "on_output": self.on_output,
         }
+        return {**options, "idle": self.idle} if self.idle is not None else options
 
 
 def validate_rendered(params_type: Any, data: Any, where: Problem) -> Any:

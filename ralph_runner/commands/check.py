@@ -21,7 +21,7 @@ from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import run as fleet
 from ralph_runner.liveness import recovery
-from ralph_runner.loop import checklist
+from ralph_runner.loop import checklist, proxy
 from ralph_runner.runbook import loader, plan, tasks, templating
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
@@ -60,6 +60,11 @@ def _render(p: plan.Plan) -> dict[str, Any]:
                         spec.kind: tasks.describe(spec, group, scope),
                         **({"when": spec.task.when} if spec.task.when is not None else {}),
                         **({"timeout": spec.task.timeout} if spec.task.timeout else {}),
+                        **(
+                            {"idle_timeout": spec.task.idle_timeout}
+                            if spec.task.idle_timeout
+                            else {}
+                        ),
                     }
                 )
             except FatalError as exc:
@@ -199,6 +204,7 @@ def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
         "prompt": PROMPT_PLACEHOLDER,
         "prompt_size": 0,
         "prompt_bytes": 0,
+        **proxy.variables(p, None),  # agent_base_url: the direct URL here (no proxy runs)
     }
 
 

@@ -78,6 +78,7 @@ def human_lines(status: dict[str, Any]) -> list[str]:
         f"checklist:  {status.get('done', 0)} done, {status.get('todo', 0)} todo, "
         f"{status.get('skipped', 0)} skipped",
         f"deaths:     {status.get('deaths', 0)}" + _last_death(status.get("last_death")),
+        *_last_start(status.get("last_start")),
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
@@ -122,6 +123,18 @@ def _agent_broken(broken: Any) -> list[str]:
         names = ", ".join(repr(i) for i in skipped)
         lines.append(f"skipped:    {names} (while the agent was broken; '- [ ]' retries them)")
     return lines
+
+
+def _last_start(start: Any) -> list[str]:
+    """The service was not running at the run's first check and the loop started it."""
+    if not isinstance(start, dict):
+        return []
+    done = (
+        f"in {start.get('seconds')} s"
+        if start.get("recovered")
+        else f"failed: {start.get('reason')}"
+    )
+    return [f"started:    the service was not running at {start.get('time')}: started {done}"]
 
 
 def _last_death(death: Any) -> str:

@@ -98,6 +98,7 @@ def summary_lines(answers: dict[str, Any]) -> list[str]:
     lines = [
         deaths_text.between_line(answers["between_deaths"]),
         deaths_text.recovery_line(answers["recovery"]),
+        deaths_text.throughput_line(answers["throughput"]),
     ]
     lines += [line for line in deaths_text.prompt_lines(prompt) if not line.startswith("  ")][1:]
     return lines

@@ -219,6 +219,57 @@ def tables(data: Data) -> dict[str, Any]:
         "between_deaths": between_deaths(deaths, data.iterations),
         "recovery": recovery(recovered, failed),
         "prompt_size": prompt_buckets(deaths, data.iterations),
+        "throughput": throughput(data.iterations),
+    }
+
+
+def throughput(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Items done per hour of loop time, and the tokens each item cost: every attempt at it
+    counts (a struck or retried one spent tokens too), from the receipts of the loop's agent
+    proxy (`receipt`); iterations without one (loop.proxy off) add no tokens."""
+    running = sum(i["seconds"] for i in iterations if isinstance(i.get("seconds"), int | float))
+    done = sum(1 for i in iterations if i.get("outcome") == "done")
+    items: dict[str, dict[str, Any]] = {}
+    totals = {"prompt_tokens": 0, "generated_tokens": 0, "requests": 0}
+    counted = estimated = 0
+    for line in iterations:
+        row = items.setdefault(
+            str(line.get("item")),
+            {"attempts": 0, "outcome": None, "seconds": 0.0, "commits": 0, "receipts": 0}
+            | {key: 0 for key in totals},
+        )
+        row["attempts"] += 1
+        row["outcome"] = line.get("outcome")
+        row["seconds"] += line["seconds"] if isinstance(line.get("seconds"), int | float) else 0
+        row["commits"] += 1 if line.get("commit") else 0
+        receipt = line.get("receipt")
+        if not isinstance(receipt, dict):
+            continue
+        counted += 1
+        estimated += 1 if receipt.get("tokens_estimated") else 0
+        row["receipts"] += 1
+        for key in totals:
+            value = receipt.get(key)
+            if isinstance(value, int):
+                row[key] += value
+                totals[key] += value
+    tokens = totals["prompt_tokens"] + totals["generated_tokens"]
+    return {
+        "items_done": done,
+        "running_seconds": running,
+        "items_per_hour": done * 3600 / running if running > 0 else None,
+        **totals,
+        "iterations_with_receipts": counted,
+        "estimated": estimated,
+        "tokens_per_item": tokens / done if done and counted else None,
+        "prompt_tokens_per_item": totals["prompt_tokens"] / done if done and counted else None,
+        "generated_tokens_per_item": (
+            totals["generated_tokens"] / done if done and counted else None
+        ),
+        "by_item": items,
+        "too_little": None
+        if counted
+        else "no receipts in the history (loop.proxy off): tokens per item unknown",
     }
 
 

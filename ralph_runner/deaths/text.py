@@ -41,7 +41,8 @@ def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
     lines += answers["notes"]
     if not totals["deaths"]:
         iterations = totals["iterations"]
-        return [*lines, f"no deaths recorded ({iterations} iterations in the history)"]
+        lines.append(f"no deaths recorded ({iterations} iterations in the history)")
+        return [*lines, *throughput_lines(answers["throughput"])]
     span = f", {when(totals['from'])} – {when(totals['to'])}" if totals["from"] else ""
     lines += [
         "",
@@ -85,8 +86,58 @@ def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
         "",
         *prompt_lines(answers["prompt_size"]),
         "",
+        *throughput_lines(answers["throughput"]),
+        "",
         *each_death(data.deaths),
     ]
+    return lines
+
+
+ITEMS_SHOWN = 10  # items in the text's table of tokens per item (the costliest); --json: all
+
+
+def throughput_line(throughput: dict[str, Any]) -> str:
+    """Items per hour and tokens per item, in one line (the report's summary has it too)."""
+    per_hour = throughput["items_per_hour"]
+    line = f"items per hour: {'—' if per_hour is None else f'{per_hour:.1f}'}"
+    line += f" ({throughput['items_done']} done in {duration(throughput['running_seconds'])})"
+    if throughput["tokens_per_item"] is None:
+        note = throughput["too_little"] or "no item done"
+        return f"{line}; tokens per item: — ({note})"
+    line += (
+        f"; tokens per item: {throughput['tokens_per_item']:,.0f} "
+        f"({throughput['prompt_tokens_per_item']:,.0f} prompt, "
+        f"{throughput['generated_tokens_per_item']:,.0f} generated; "
+        f"{throughput['requests']} requests"
+    )
+    if throughput["estimated"]:
+        line += f"; {throughput['estimated']} iteration(s) without usage: a lower bound"
+    return line + ")"
+
+
+def throughput_lines(throughput: dict[str, Any]) -> list[str]:
+    lines = [throughput_line(throughput)]
+    if not throughput["iterations_with_receipts"]:
+        return lines
+    rows = sorted(
+        throughput["by_item"].items(),
+        key=lambda entry: -(entry[1]["prompt_tokens"] + entry[1]["generated_tokens"]),
+    )
+    lines.append(f"tokens per item (the {min(ITEMS_SHOWN, len(rows))} costliest):")
+    lines += table(
+        ["prompt", "generated", "requests", "attempts", "outcome", "item"],
+        [
+            [
+                f"{row['prompt_tokens']:,}",
+                f"{row['generated_tokens']:,}",
+                str(row["requests"]),
+                str(row["attempts"]),
+                str(row["outcome"]),
+                item,
+            ]
+            for item, row in rows[:ITEMS_SHOWN]
+        ],
+    )
     return lines
 
 

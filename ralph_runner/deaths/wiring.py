@@ -112,6 +112,8 @@ def attached(plan: Plan, output: Output, state_dir: Path) -> Iterator[Session]:
         plan.host,
         tokens=recorder.prompt_tokens if recorder else None,
         warn=lambda message: output.event("warning", message=f"history: {message}"),
+        workdir=plan.workdir,
+        report=lambda receipt: output.event("receipt", **receipt),
     )
     session = Session(plan, history, recorder)
     output.subscribe(session.on_event)

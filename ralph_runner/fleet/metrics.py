@@ -96,6 +96,16 @@ class Textfile:
             "While the loop waits out an agent's usage limit: when it tries again; else 0.",
             **labels,
         )
+        self.prompt_tokens = Counter(
+            "ralph_agent_prompt_tokens",
+            "Prompt tokens of this loop's own requests (its agent proxy, loop.proxy).",
+            **labels,
+        )
+        self.generated_tokens = Counter(
+            "ralph_agent_generated_tokens",
+            "Generated tokens of this loop's own requests (its agent proxy, loop.proxy).",
+            **labels,
+        )
         self.updated = Gauge(
             "ralph_last_update_timestamp_seconds", "When this file was last written.", **labels
         )
@@ -109,6 +119,8 @@ class Textfile:
         self.limited_until.labels(host).set(0)
         self.paused.labels(host).set(0)
         self.iterations.labels(host)  # present (as 0) from the first write
+        self.prompt_tokens.labels(host)
+        self.generated_tokens.labels(host)
         self.write()
         self._heartbeat = threading.Thread(target=self._beat, name="metrics", daemon=True)
         self._heartbeat.start()
@@ -185,6 +197,10 @@ class Textfile:
         outcome = "recovered" if f["recovered"] else "gave_up"
         self.recoveries.labels(self.host, outcome).inc()
         self.recovery_seconds.labels(self.host).observe(f["seconds"])
+
+    def _on_receipt(self, f: dict[str, Any]) -> None:  # an iteration's, from its history line
+        self.prompt_tokens.labels(self.host).inc(f.get("prompt_tokens") or 0)
+        self.generated_tokens.labels(self.host).inc(f.get("generated_tokens") or 0)
 
     def _on_paused(self, f: dict[str, Any]) -> None:
         self.paused.labels(self.host).set(1)

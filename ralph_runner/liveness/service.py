@@ -84,6 +84,13 @@ class Service:
                 **self._outcome_fields(outcome),
             }
         )
+        self.state.last_start = {
+            "time": iso_time(now),
+            "recovered": outcome.recovered,
+            "seconds": round(outcome.seconds, 1),
+            "reason": outcome.reason,
+        }
+        self.save()
         self.emit("started", recovered=outcome.recovered, seconds=round(outcome.seconds, 3),
                   attempts=outcome.attempts, reason=outcome.reason, by=outcome.by)  # fmt: skip
         if not outcome.recovered:

@@ -12,7 +12,9 @@ signature mean the agent is broken (exit 6), not the items:
   ("Model not found" on every item, a missing binary's exit 127);
 - "exited at once without touching the repository": the item's command steps took less than
   `AT_ONCE_SECONDS` together and `git status` (HEAD and the changed paths, agent housekeeping
-  left out) is the same after the attempt as before it.
+  left out) is the same after the attempt as before it;
+- "stalled": the same step killed by its `idle_timeout` (no output, no CPU, no change in the
+  workdir and no request on the server for that long), whatever it printed before.
 
 A verify failure alone ("no new commit") is no signature: genuinely hard items fail it the
 same way. Deaths never count: an attempt that saw one is retried, not compared.
@@ -32,6 +34,7 @@ TAIL_BYTES = 2048
 REASON_CHARS = 200
 AT_ONCE_SECONDS = 10.0
 AT_ONCE = "exited at once without touching the repository"
+STALLED = "stalled (killed by its idle_timeout)"
 
 _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase line
@@ -76,12 +79,20 @@ def shorten(text: str, limit: int = REASON_CHARS) -> str:
     return text if boundary <= 0 else text[:boundary].rstrip(" ,;:") + " …"
 
 
-def status_text(exit_code: int | None, timed_out: bool, cancelled: bool, output: str = "") -> str:
+def status_text(
+    exit_code: int | None,
+    timed_out: bool,
+    cancelled: bool,
+    output: str = "",
+    stalled: str | None = None,
+) -> str:
     """How a step ended, in words: never "exit None"."""
     if cancelled:
         return "killed (service died)"
     if timed_out:
         return "timed out"
+    if stalled:
+        return f"stalled ({stalled})"
     if exit_code is not None:
         if 128 < exit_code <= 128 + 64:
             try:
@@ -179,11 +190,14 @@ def signatures(
     *,
     from_process: bool,
     at_once_untouched: bool,
+    stalled: bool = False,
 ) -> list[str]:
     """The ways this failure can be "the same" as another one (see the module's docstring)."""
     found = []
     if from_process:
         found.append(f"{step}: {status}: {normalise(tail, item)}")
+    if stalled:
+        found.append(f"{step}: {STALLED}")
     if at_once_untouched:
         found.append(AT_ONCE)
     return found

@@ -16,7 +16,17 @@ from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted, Limited
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import checklist, failures, git, housekeeping, limits, pause, state
+from ralph_runner.loop import (
+    checklist,
+    failures,
+    git,
+    housekeeping,
+    idle,
+    limits,
+    pause,
+    proxy,
+    state,
+)
 from ralph_runner.loop.failures import Failure
 from ralph_runner.output import Output
 from ralph_runner.process import execute, orphans
@@ -56,6 +66,7 @@ class Runner:
         self._counts: checklist.Counts | None = None
         self._outputs: list[str] = []  # the iteration's process steps' output, for limits.py
         self._limited_since: float | None = None  # the first of the limited attempts in a row
+        self.proxy: proxy.Proxy | None = None  # the agent's receipts proxy (loop.proxy), if on
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -73,7 +84,8 @@ class Runner:
             self.signals,
             orphans.recorded(self.store.dir),
             execute.tree_guard(),
-            wiring.attached(self.plan, self.output, self.store.dir),
+            wiring.attached(self.plan, self.output, self.store.dir) as session,
+            proxy.running(self.plan, self._warn, session.history) as self.proxy,
         ):
             self.state = self._resume()
             death_log = death_log_for(self.plan)
@@ -193,6 +205,7 @@ class Runner:
             cwd=self.plan.workdir,
             run=self,
             on_output=self._show_output if self.output.verbose else None,
+            idle=idle.watches(self.plan, self.health, self.store.dir),
         )
         failed: dict[str, Any] | None = None
         agent_seconds, after_verify = 0.0, False
@@ -242,7 +255,7 @@ class Runner:
     def _step_record(self, spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
         """A failed or killed step as reports show it: how it ended and its last words."""
         status = failures.status_text(
-            result.exit_code, result.timed_out, result.cancelled, result.output
+            result.exit_code, result.timed_out, result.cancelled, result.output, result.stalled
         )
         from_process = spec.kind not in UNWATCHED
         tail = failures.output_tail(result.output, self.redactor) if from_process else ""
@@ -252,6 +265,7 @@ class Runner:
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "killed": result.cancelled,
+            **({"stalled": True} if result.stalled else {}),
             "output_tail": tail,
             "reason": failures.reason(spec.name, status, tail, from_process),
             "from_process": from_process,
@@ -280,10 +294,11 @@ class Runner:
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             killed=result.cancelled,
+            **({"stalled": True} if result.stalled else {}),
             status="ok"
             if ok
             else failures.status_text(
-                result.exit_code, result.timed_out, result.cancelled, result.output
+                result.exit_code, result.timed_out, result.cancelled, result.output, result.stalled
             ),
             seconds=round(time.monotonic() - started, 3),
         )
@@ -394,6 +409,7 @@ class Runner:
             item.text,
             from_process=failed["from_process"],
             at_once_untouched=untouched,
+            stalled=bool(failed.get("stalled")),
         )
         return Failure(
             item=item.text,
@@ -503,6 +519,7 @@ class Runner:
             "checklist": counts.as_dict(),
             "deaths": self.state.deaths,
             "phase": None,
+            **proxy.variables(self.plan, self.proxy),  # agent_base_url
         }
         where = self.plan.runbook.where(("prompt",))
         prompt = self.plan.templar.render(self.model.prompt, variables, where=where)
@@ -555,6 +572,7 @@ class Runner:
             **counts.as_dict(),
             "deaths": st.deaths,
             "last_death": st.last_death,
+            "last_start": st.last_start,
             "agent_broken": st.agent_broken,
             "limited_until": (st.limited or {}).get("until"),
             "limited": st.limited,

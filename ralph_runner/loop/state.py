@@ -68,6 +68,7 @@ class State:
     started: float | None = None  # epoch of the first start of this run
     status: str = "idle"  # one of STATUSES
     last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
+    last_start: dict[str, Any] | None = None  # the service was not running: {time, seconds, ...}
     # The broken-agent rule (failures.py): the last failed attempt, the items skipped while
     # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
     last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
@@ -125,6 +126,7 @@ _VALID = {
     "started": lambda v: v is None or _is_number(v),
     "status": lambda v: v in STATUSES,
     "last_death": lambda v: v is None or isinstance(v, dict),
+    "last_start": lambda v: v is None or isinstance(v, dict),
     "last_failure": lambda v: v is None or isinstance(v, dict),
     "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "agent_broken": lambda v: v is None or isinstance(v, dict),

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import sh
@@ -49,6 +49,7 @@ DEFAULT_MAX_OUTPUT = 64 * 1024
 CANNOT_START = 127  # what a shell reports for a command it cannot run
 _READ_SIZE = 64 * 1024  # bytes per read from the command's output pipe
 _POLL = 0.25  # seconds between checks of `cancel` and the deadline (output and exit wake at once)
+IDLE_EVERY = 1.0  # seconds between asks of an IdleWatch whether the command stalled
 _REAP_POLL = 0.05  # ... where no pidfd tells the exit (a thread reaps the command)
 _GONE_POLL = 0.01  # seconds between looks at a killed tree
 DRAIN = 2.0  # seconds the output may go on after the command ended (a grandchild holding it)
@@ -68,6 +69,7 @@ class Result:
     timed_out: bool
     cancelled: bool  # killed because `cancel` was set (or by kill_all)
     seconds: float
+    stalled: str | None = None  # killed because its IdleWatch said so: the watch's reason
 
     @property
     def truncated(self) -> bool:
@@ -75,7 +77,19 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.cancelled
+        return (
+            self.exit_code == 0 and not self.timed_out and not self.cancelled and not self.stalled
+        )
+
+
+class IdleWatch(Protocol):
+    """Decides whether a running command has stalled (the loop's `idle_timeout`: the policy is
+    the caller's, see loop/idle.py). run() asks it every IDLE_EVERY s, with the command's pid
+    (its session's leader: the tree is under it) and how many bytes of output it has printed so
+    far; a reason (not None) kills the tree as a timeout does, and becomes Result.stalled. A new
+    pid is a new command: the watch starts over (a task's retry)."""
+
+    def stalled(self, pid: int, output_bytes: int) -> str | None: ...
 
 
 class _OutputTail:
@@ -153,13 +167,15 @@ def run(
     stdin: str | None = None,
     hold_stdin: bool = False,
     display: str | None = None,
+    idle: IdleWatch | None = None,
 ) -> Result:
     """Run argv to completion, timeout or cancel; never raises for a command that fails.
 
     `env` is added to ralph-run's own environment. `stdin` is fed to the command; without it the
     command reads /dev/null, or, with `hold_stdin`, a pipe that stays open until it exits (the
     ssh connection uses that as a lifeline for the remote command). `display` is how the command
-    is shown in the Result (default: argv, shell-quoted).
+    is shown in the Result (default: argv, shell-quoted). `idle` may kill a command that
+    stalled (see IdleWatch).
     """
     command = display if display is not None else shlex.join(argv)
     started = time.monotonic()
@@ -207,7 +223,8 @@ def run(
             if lifeline is not None:
                 os.close(lifeline[0])  # the child has its own copy now
         try:
-            stopped = _wait(running, started, timeout, cancel, _Watched(running, pipe_out, tail))
+            watched = _Watched(running, pipe_out, tail)
+            stopped = _wait(running, started, timeout, cancel, watched, idle)
         finally:
             with _registry_lock:
                 _running.pop(running.pid, None)  # no _changed(): a dead pid in the record is
@@ -229,6 +246,7 @@ def run(
         timed_out=stopped == "timeout",
         cancelled=cancelled,
         seconds=_since(started),
+        stalled=_stall_reason(stopped) if not cancelled else None,
     )
 
 
@@ -412,11 +430,14 @@ def _wait(
     timeout: float | None,
     cancel: threading.Event | None,
     watched: _Watched,
+    idle: IdleWatch | None = None,
 ) -> str | None:
-    """Read the command's output until it exits; on timeout or cancel kill its tree and say
-    which happened. Then the rest of its output, and sh reaps it."""
+    """Read the command's output until it exits; on timeout, cancel or a stall kill its tree
+    and say which happened ("timeout", "cancel", "stalled: REASON"). Then the rest of its
+    output, and sh reaps it."""
     deadline = None if timeout is None else started + timeout
     reason = None
+    next_idle = time.monotonic() + IDLE_EVERY
     try:
         while not watched.exited:
             watched.wait(_POLL if deadline is None else _clamp(deadline, _POLL))
@@ -426,6 +447,13 @@ def _wait(
                 reason = "cancel"
             elif deadline is not None and time.monotonic() >= deadline:
                 reason = "timeout"
+            elif idle is not None and time.monotonic() >= next_idle:
+                next_idle = time.monotonic() + IDLE_EVERY
+                stalled = _ask(idle, running.pid, watched.tail.total)
+                if isinstance(stalled, str):
+                    reason = f"stalled: {stalled}"
+                elif stalled is False:
+                    idle = None  # it failed: no more asking
             if reason:
                 kill_tree(running.pid)
                 break
@@ -434,6 +462,21 @@ def _wait(
         watched.close()
     running.command.wait()
     return reason
+
+
+def _stall_reason(stopped: str | None) -> str | None:
+    prefix = "stalled: "
+    return stopped[len(prefix) :] if stopped and stopped.startswith(prefix) else None
+
+
+def _ask(idle: IdleWatch, pid: int, output_bytes: int) -> str | bool | None:
+    """The watch's answer; False when it raised (reported once: the command runs on unwatched,
+    as a broken on_output callback does not stop the reading either)."""
+    try:
+        return idle.stalled(pid, output_bytes)
+    except Exception:
+        log.exception("idle watch failed; idle_timeout disabled for this command")
+        return False
 
 
 def _exits_within(pid: int, seconds: float) -> bool:

@@ -108,6 +108,7 @@ def load(path: str | Path) -> LoadedRunbook:
         ],
     )
     problems += _loop_only_outside_the_loop(loaded)
+    problems += _idle_timeout_misplaced(loaded)
     problems += death_field_problems(loaded.recovery_steps)
     if problems:
         raise FatalError(problems)
@@ -127,6 +128,34 @@ def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
         for spec in specs
         if getattr(actions.KINDS[spec.kind], "LOOP_ONLY", False)
     ]
+
+
+IDLE_KINDS = ("shell", "command")  # the actions that run a command an idle_timeout can watch
+
+
+def _idle_timeout_misplaced(loaded: LoadedRunbook) -> list[Problem]:
+    """`idle_timeout` watches a loop step's command (the agent): on a collector, a recovery
+    step or an action that runs no command it would mean nothing, so it is refused at its line."""
+    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    problems = [
+        replace(
+            spec.where_of("idle_timeout"),
+            message=f"`idle_timeout` watches loop steps only, not the tasks of {section}",
+        )
+        for section, specs in sections.items()
+        for spec in specs
+        if spec.task.idle_timeout is not None
+    ]
+    problems += [
+        replace(
+            spec.where_of("idle_timeout"),
+            message=f"`idle_timeout` watches a command ({' or '.join(IDLE_KINDS)}), "
+            f"and {spec.kind!r} runs none",
+        )
+        for spec in loaded.loop_steps
+        if spec.task.idle_timeout is not None and spec.kind not in IDLE_KINDS
+    ]
+    return problems
 
 
 def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:

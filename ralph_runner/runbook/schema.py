@@ -76,6 +76,9 @@ class TaskKeywords(Model):
     when: str | bool | None = None
     register_: str | None = Field(None, alias="register")  # `register` is pydantic's
     timeout: PositiveFloat | None = None
+    # loop steps that run a command: killed as stalled after this many seconds of no output,
+    # no CPU, no change in the workdir and no request on the server (loop/idle.py)
+    idle_timeout: PositiveFloat | None = None
     retries: NonNegativeInt | None = None
     delay: NonNegativeFloat = 1.0
     until: str | None = None
@@ -247,8 +250,17 @@ class Limits(Model):
     patterns: list[LimitPattern] = []
 
 
+class LoopProxy(Model):
+    """`loop.proxy`: the agent's requests go through a loopback proxy that counts this loop's
+    own tokens (loop/proxy.py); `{{ agent_base_url }}` is its URL."""
+
+    upstream: str | None = None  # where it forwards; default: the variable `base_url`
+
+
 class Loop(Model):
     max_iterations: NonNegativeInt = 0
+    # true (or {upstream: URL}): a per-loop proxy for the agent's receipts; default off
+    proxy: bool | LoopProxy = False
     steps: list[TaskEntry]
 
 
@@ -335,6 +347,7 @@ def _known_keys() -> set[str]:
         Recorder,
         Limits,
         LimitPattern,
+        LoopProxy,
     ):
         keys.update(model.model_fields)
     keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)

@@ -11,7 +11,7 @@ from typing import Any
 from ralph_runner import actions
 from ralph_runner.actions import TaskContext, TaskResult
 from ralph_runner.process.connection import Connection
-from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT
+from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT, IdleWatch
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
 
@@ -29,6 +29,9 @@ class TaskGroup:
     max_output: int = DEFAULT_MAX_OUTPUT
     run: Any = None  # the loop runtime, for ensure_alive and verify
     on_output: Callable[[str], None] | None = None  # live output of the tasks' commands
+    # the watch of a task's `idle_timeout` (seconds -> IdleWatch): the loop's (loop/idle.py);
+    # None elsewhere. Local commands only: over ssh the CPU and files are not here to watch.
+    idle: Callable[[float], IdleWatch] | None = None
 
 
 def context(
@@ -61,6 +64,11 @@ def context(
         cancel=cancel,
         run=group.run,
         on_output=group.on_output,
+        idle=(
+            group.idle(task.idle_timeout)
+            if task.idle_timeout and group.idle is not None and conn.name == "local"
+            else None
+        ),
     )
 
 

@@ -23,16 +23,19 @@ import httpx
 UNCHECKED = re.compile(rb"^[ \t]*- (\[ \])(.*?)\r?$", re.MULTILINE)
 
 
-def ask(url: str, model: str, prompt: str, timeout: float) -> str:
+def ask(url: str, model: str, prompt: str, timeout: float, max_tokens: int = 16) -> str:
     """One streamed chat completion, its content deltas joined; raises httpx.HTTPError or
-    ValueError saying what went wrong. `timeout` bounds each wait for the next bytes."""
-    payload = {
+    ValueError saying what went wrong. `timeout` bounds each wait for the next bytes; a
+    `max_tokens` other than 16 is generated in full (vLLM's `ignore_eos`)."""
+    payload: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 16,
+        "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if max_tokens != 16:
+        payload["ignore_eos"] = True
     endpoint = f"{url.rstrip('/')}/chat/completions"
     with httpx.stream("POST", endpoint, json=payload, timeout=timeout) as response:
         if response.status_code != httpx.codes.OK:
@@ -92,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-commit", action="store_true", help="tick the item but never commit")
     parser.add_argument("--fail", action="store_true", help="exit 1 at once, without calling")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to think before calling")
+    parser.add_argument(
+        "--max-tokens", type=int, default=16, help="tokens to ask for (not 16: all of them)"
+    )
     parser.add_argument("prompt", nargs="*", help="the prompt; read from stdin when absent")
     args = parser.parse_args(argv)
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     time.sleep(args.sleep)
     try:
-        reply = ask(args.url, args.model, prompt, args.timeout)
+        reply = ask(args.url, args.model, prompt, args.timeout, args.max_tokens)
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
         print(f"Error: {args.url}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

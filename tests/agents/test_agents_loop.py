@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from agent_helpers import AgentScenario, ended, wait_all_gone
+import yaml
+from agent_helpers import RECIPES, AgentScenario, ended, wait_all_gone
 from standin_helpers import ROOT, START_SCRIPT, wait_for
 
 AGENTS = ["opencode", "codex", "aider"]
@@ -133,6 +134,38 @@ def test_runbooks_vllm_yaml_as_shipped_drives_opencode(agent_scenario: MakeScena
     scenario.assert_nothing_left()
 
 
+def test_runbooks_vllm_local_yaml_as_shipped_drives_opencode(agent_scenario: MakeScenario) -> None:
+    """runbooks/vllm-local.yaml, unchanged (its default agent line is opencode's), with only its
+    vars pointed at the stand-in: opencode finds its provider (agents/opencode.json) and does
+    the item (issue 21: "Model not found: vllm/qwen3-coder" before)."""
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    standin = scenario.standin
+    start_vllm = scenario.root / "start_vllm.sh"  # start | stop | status, as vllm-local's own
+    start_vllm.write_text(
+        "#!/bin/bash\n"
+        f'case "$1" in\n'
+        f"  start) SCRIPT={scenario.script} PYTHON={sys.executable} HEALTH_TIMEOUT=1"
+        f" exec {START_SCRIPT} {standin.port} {standin.state_dir} ;;\n"
+        '  *) echo "stand-in: $1" ;;\n'
+        "esac\n"
+    )
+    start_vllm.chmod(0o755)
+    scenario.runbook_path = ROOT / "runbooks" / "vllm-local.yaml"
+    facts = {
+        "port": standin.port,
+        "model": standin.model,
+        "start_vllm": str(start_vllm),
+        "vllm_dir": str(standin.state_dir),
+    }
+    run = scenario.start(**facts)
+
+    assert_item_done(scenario, run, run.wait(240))
+    assert not run.of("death")
+    (step,) = run.of("step-done", step="run the agent")
+    assert step["ok"], step
+    scenario.assert_nothing_left()
+
+
 def test_runbooks_vllm_yaml_finds_an_engine_hang_during_opencodes_call(
     agent_scenario: MakeScenario,
 ) -> None:
@@ -192,4 +225,45 @@ def test_opencode_dies_with_a_killed_ralph_run(agent_scenario: MakeScenario) -> 
     run.process.wait(10)
     print(f"opencode's tree ({len(tree)} processes) ended {seconds:.3f} s after kill -9")
     assert seconds <= 1.0, f"opencode's tree took {seconds:.2f} s to end"
+    scenario.assert_nothing_left()
+
+
+IDLE = 5  # s: the recipe's 120, shortened so that the test waits seconds, not minutes
+
+
+def test_opencode_stopped_mid_call_is_killed_by_its_idle_timeout(
+    agent_scenario: MakeScenario,
+) -> None:
+    """The real opencode stopped (SIGSTOP of its whole tree: no output, no CPU) once its first
+    request was answered, the server idle and healthy: the recipe's idle_timeout kills it as
+    stalled within idle_timeout + a few seconds, tree and all; a strike, no death; the retry
+    does the item (issue 17: a stalled client waited for the whole step timeout)."""
+    scenario = agent_scenario("opencode").prepare_agent([ITEM], SCRIPT)
+    (task,) = yaml.safe_load((RECIPES / "opencode.yaml").read_text())
+    assert task["idle_timeout"] == 120  # as shipped
+    task["idle_timeout"] = IDLE
+    recipe = scenario.root / "opencode-idle.yaml"
+    recipe.write_text(yaml.safe_dump([task], sort_keys=False))
+    book = yaml.safe_load(scenario.runbook_path.read_text())
+    for step in book["loop"]["steps"]:
+        if step.get("include", "").endswith("opencode.yaml"):
+            step["include"] = str(recipe)
+    scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+    run = scenario.start()
+    scenario.wait_agent_asked()
+    scenario.wait_agent_running(run.process.pid)
+    tree = scenario.agent_tree(run.process.pid)
+    assert any("opencode" in " ".join(p.cmdline()) for p in tree), tree
+    for process in tree:
+        process.suspend()
+    stopped = time.time()
+
+    ended_step = run.wait_event("step-done", timeout=IDLE + 60, step="run opencode", ok=False)
+    assert ended_step.get("stalled") is True, ended_step
+    assert ended_step["time"] - stopped <= IDLE + 5, ended_step["time"] - stopped
+    wait_all_gone(tree, 10)
+    (strike,) = run.of("strike") or [run.wait_event("strike")]
+    assert "stalled" in strike["reason"], strike
+    assert run.wait(240) == 0, (run.events, run.stderr)
+    assert scenario.marks() == ["x"] and not run.of("death")
     scenario.assert_nothing_left()

@@ -116,6 +116,13 @@ def test_three_loops_and_one_hang_recover_the_server_once(tmp_path):
     one runs the recovery, the other two wait for it and say who brought it back."""
     server = StandIn(tmp_path / "vllm")
     server.start(HEALTH_TIMEOUT="1")
+    try:
+        _three_loops(tmp_path, server)
+    finally:
+        server.stop()
+
+
+def _three_loops(tmp_path: Path, server: StandIn) -> None:
     facts = {
         "port": server.port,
         "standin_dir": str(server.state_dir),

@@ -265,3 +265,7 @@ def test_a_refused_server_is_started_without_the_hung_step(tmp_path):
     skipped = [e for e in events if e["event"] == "recovery-step" and e.get("skipped")]
     assert [e["skipped"] for e in skipped] == ["when: death.hung"]
     assert json.loads((work / ".ralph" / "state.json").read_text())["deaths"] == 0
+    status = json.loads((work / ".ralph" / "status.json").read_text())
+    assert status["deaths"] == 0 and status["last_start"]["recovered"] is True
+    shown = ralph("status", str(work), cwd=work)
+    assert "started:    the service was not running at" in shown.stdout, shown.stdout

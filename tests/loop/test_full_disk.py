@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e_helpers import RalphRun, Scenario
+from e2e_helpers import AGENT_STEP, RalphRun, Scenario
+from standin_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,7 +82,11 @@ def _die_during_agent(scenario: Scenario, run: RalphRun, iteration: int) -> None
     """The server dies while the agent of `iteration` thinks (2 s, before its call): the
     watch finds it during the step."""
     deaths = len(run.of("death"))
-    run.wait_agent(iteration, timeout=30)
+    began = run.wait_event("iteration", iteration=iteration, timeout=30)["time"]
+    # status.json may not be written (the disk is full): the events say when the agent runs
+    wait_for(
+        lambda: [e for e in run.of("step", step=AGENT_STEP) if e["time"] >= began], 30, "the agent"
+    )
     with contextlib.suppress(httpx.HTTPError):  # it dies answering
         scenario.standin.admin("die")
     death = run.wait_event("death", death=deaths + 1, timeout=40)

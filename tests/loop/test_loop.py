@@ -477,7 +477,7 @@ def test_status_reads_a_workdir_or_a_runbook(loop):
     as_json = json.loads(loop.command("status", str(loop.runbook), "--json").stdout)
     assert as_json["running"] is False and as_json["status"] == "finished"
     no_deaths = loop.command("deaths", str(loop.runbook)).stdout.splitlines()
-    assert no_deaths[-1] == "no deaths recorded (4 iterations in the history)"
+    assert "no deaths recorded (4 iterations in the history)" in no_deaths
     assert (as_json["iteration"], as_json["done"], as_json["skipped"], as_json["deaths"]) == (
         4,
         2,
