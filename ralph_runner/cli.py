@@ -7,7 +7,7 @@ import os
 import sys
 
 from ralph_runner import crash
-from ralph_runner.errors import FatalError, Interrupted
+from ralph_runner.errors import ExitCode, FatalError, Interrupted
 
 DESCRIPTION = "Run a Ralph loop from a runbook, and keep its LLM server alive while it runs."
 EPILOG = """\
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:  # the run saved its state and reported the signal
         code = exc.exit_code
     except KeyboardInterrupt:
-        code = 130
+        code = ExitCode.SIGINT
     except BrokenPipeError:  # `ralph-run schema | head`: the reader left; leave quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 141

@@ -20,9 +20,9 @@ from importlib import metadata
 from pathlib import Path
 
 from ralph_runner.durable.redaction import Redactor
+from ralph_runner.errors import ExitCode
 from ralph_runner.loop.state import Store, move
 
-EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h: "an internal software error has been detected"
 STATUS = "crashed"
 
 
@@ -63,7 +63,7 @@ def report(exc: BaseException, argv: list[str]) -> int:
     print(
         "ralph-run: this is a bug in ralph-run; please report it with that file.", file=sys.stderr
     )
-    return EXIT_INTERNAL
+    return ExitCode.INTERNAL
 
 
 def _details(exc: BaseException, argv: list[str]) -> str:

@@ -1,13 +1,31 @@
 """The errors an operator can act on, each with its exit code: caught once, at the top, in cli.py.
 
-`FatalError` (with `Problem`s: file, line, column, key path) and its kinds `GaveUp`,
-`AgentBroken` and `Limited`; `Interrupted` for SIGINT/SIGTERM. Anything else is a bug (crash.py).
+`ExitCode` names every exit code ralph-run has. `FatalError` (with `Problem`s: file, line,
+column, key path) and its kinds `GaveUp`, `AgentBroken` and `Limited`; `Interrupted` for
+SIGINT/SIGTERM. Anything else is a bug (crash.py).
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Every exit code of ralph-run, in one place (docs: contract, troubleshooting)."""
+
+    DONE = 0  # the checklist is finished (and `status`, `pause`, `probe`: all went well)
+    PARTIAL = 1  # an operator command did not do all it was asked: no status, a host unreached
+    INVALID = 2  # a wrong runbook, inventory or argument
+    HELD = 3  # another ralph-run holds this workdir
+    GAVE_UP = 4  # the service could not be recovered (recovery.exit_code's default)
+    MAX_ITERATIONS = 5  # stopped at max_iterations with items left
+    AGENT_BROKEN = 6  # the agent failed the same way on consecutive items
+    LIMITED = 7  # a usage limit resets later than limits.max_wait (limits.exit_code's default)
+    INTERNAL = 70  # a bug in ralph-run (EX_SOFTWARE in sysexits.h)
+    SIGINT = 130  # 128 + the signal: state saved
+    SIGTERM = 143
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,9 @@ class Problem:
 class FatalError(Exception):
     """An error the operator must fix; carries one or more problems and the exit code."""
 
-    def __init__(self, problems: Problem | str | list[Problem], exit_code: int = 2) -> None:
+    def __init__(
+        self, problems: Problem | str | list[Problem], exit_code: int = ExitCode.INVALID
+    ) -> None:
         if isinstance(problems, str):
             problems = Problem(problems)
         self.problems: list[Problem] = problems if isinstance(problems, list) else [problems]

@@ -8,6 +8,10 @@ A module in this package is an action kind when it defines:
     def describe(params, ctx: TaskContext) -> str   # rendered, for --check; never runs anything
 
     LOOP_ONLY: bool = False        # optional: True if it needs the loop (refused elsewhere)
+    AGENT: bool = True             # optional: False if, as a loop step, it runs no agent (the
+                                   #   loop watches the service only while an agent runs)
+    QUICK: bool = False            # optional: True if it takes milliseconds (status.json is
+                                   #   not rewritten for it)
 
 Adding an action kind is adding one module here: the schema and the executor find it by KEY.
 """

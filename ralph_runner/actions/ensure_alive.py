@@ -13,6 +13,8 @@ from ralph_runner.actions import TaskContext, TaskResult
 
 KEY = "ensure_alive"
 LOOP_ONLY = True  # it recovers through the loop, which a recovery or a capture is already part of
+AGENT = False  # no process of the agent: the loop watches nothing while it runs
+QUICK = True  # milliseconds on a healthy service: status.json is not rewritten for it
 
 
 class Params(BaseModel):

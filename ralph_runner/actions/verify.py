@@ -12,6 +12,8 @@ from ralph_runner.loop.git import Snapshot
 
 KEY = "verify"
 LOOP_ONLY = True  # it checks the item the loop is working on
+AGENT = False  # it looks at the checklist and git: nothing to watch
+QUICK = True  # milliseconds: status.json is not rewritten for it
 
 
 class Params(BaseModel):

@@ -10,6 +10,7 @@ from pydantic import NonNegativeFloat
 from ralph_runner.actions import TaskContext, TaskResult
 
 KEY = "wait"
+AGENT = False  # a pause of the loop itself: nothing to watch
 Params = NonNegativeFloat
 
 

@@ -11,11 +11,10 @@ import argparse
 import json
 
 from ralph_runner.commands import status
+from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
-
-EXIT_NOT_ALL = 1
 
 
 def main(args: argparse.Namespace) -> int:
@@ -33,7 +32,7 @@ def control_main(args: argparse.Namespace, action: str) -> int:
             for row in rows:
                 said = row.get("said") or f"error: {row.get('error')}"
                 print(f"{row['host']}: {row['workdir']}: {said}")
-        return EXIT_NOT_ALL if any("error" in row for row in rows) else 0
+        return ExitCode.PARTIAL if any("error" in row for row in rows) else 0
     workdir = status.workdir_of(args.target or ".")
     if action == "pause":
         pause.request(workdir, now)

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from ralph_runner import crash
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import FatalError, Interrupted
+from ralph_runner.errors import ExitCode, FatalError, Interrupted
 from ralph_runner.fleet import run as fleet
 from ralph_runner.loop.runner import Runner
 from ralph_runner.output import Output
@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
         json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
     )
     followers = _followers(selected, output)
-    code = crash.EXIT_INTERNAL  # what an unexpected exception will exit with
+    code: int = ExitCode.INTERNAL  # what an unexpected exception will exit with
     try:
         runner = Runner(selected, output)
         crash.register(runner.store, output.redactor)  # a crash marks this run, masks its secrets

@@ -16,11 +16,10 @@ from typing import Any
 
 import psutil
 
+from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import state
 from ralph_runner.runbook import plan
-
-EXIT_NO_STATUS = 1
 
 
 def main(args: argparse.Namespace) -> int:
@@ -33,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
             f"ralph-run: no status in {workdir / state.STATE_DIR} (never run here?)",
             file=sys.stderr,
         )
-        return EXIT_NO_STATUS
+        return ExitCode.PARTIAL
     status["running"] = bool(status.get("running")) and _alive(status.get("pid"))
     if args.json:
         print(json.dumps(status, ensure_ascii=False, sort_keys=True))
@@ -50,7 +49,7 @@ def fleet_main(args: argparse.Namespace) -> int:
         print(json.dumps(rows, ensure_ascii=False, sort_keys=True))
     else:
         print("\n".join(fleet_status.table(rows)))
-    return EXIT_NO_STATUS if any("error" in row for row in rows) else 0
+    return ExitCode.PARTIAL if any("error" in row for row in rows) else 0
 
 
 def workdir_of(target: str) -> Path:

@@ -40,7 +40,7 @@ from ralph_runner.commands import status
 from ralph_runner.errors import FatalError
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
-from ralph_runner.loop import history, pause, state
+from ralph_runner.loop import pause, state
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory
 
@@ -124,7 +124,7 @@ class View:
         return found
 
     def _history(self, loop: Loop) -> list[dict[str, Any]]:
-        path = f"{loop.workdir.rstrip('/')}/{state.STATE_DIR}/{history.FILE}"
+        path = f"{loop.workdir.rstrip('/')}/{state.STATE_DIR}/{state.HISTORY_FILE}"
         if loop.error:
             return []
         if loop.conn is not None:

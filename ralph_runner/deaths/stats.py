@@ -23,10 +23,10 @@ from typing import Any
 from ralph_runner.deaths import signatures
 from ralph_runner.durable import jsonl
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.loop.state import HISTORY_FILE, SOURCES_FILE, STATE_DIR
 
-STATE_DIR = ".ralph"
-HISTORY = f"{STATE_DIR}/iterations.jsonl"
-SOURCES = f"{STATE_DIR}/sources.json"
+HISTORY = f"{STATE_DIR}/{HISTORY_FILE}"
+SOURCES = f"{STATE_DIR}/{SOURCES_FILE}"
 HISTORY_SEARCH_DEPTH = 3  # a records file's directory and its parents searched for a history
 MIN_GAPS = 5  # gaps between deaths below which a mean time between deaths is rough
 MIN_RECOVERIES = 20  # recoveries below which p95 is no better than the max

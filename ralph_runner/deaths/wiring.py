@@ -20,15 +20,14 @@ from ralph_runner.deaths import signatures
 from ralph_runner.deaths.recorder import DIRECTORY, Recorder, Settings
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError
-from ralph_runner.loop.history import FILE as HISTORY_FILE
 from ralph_runner.loop.history import History
+from ralph_runner.loop.state import HISTORY_FILE, SOURCES_FILE
 from ralph_runner.runbook.plan import death_log_for
 
 if TYPE_CHECKING:
     from ralph_runner.output import Output
     from ralph_runner.runbook.plan import Plan
 
-SOURCES = "sources.json"
 MIB = 1024 * 1024
 # How a run that ends inside an iteration closes its history line, by the exception's class.
 ENDINGS = {"GaveUp": "gave-up", "Interrupted": "interrupted", "FatalError": "failed"}
@@ -157,4 +156,4 @@ def write_sources(state_dir: Path, plan: Plan, records: Path) -> None:
     data = {"records": str(records), "host": plan.host, "runbook": str(plan.runbook.path)}
     with contextlib.suppress(FatalError):  # a full disk: the run goes on, records by runbook
         state_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(state_dir / SOURCES, json.dumps(data).encode(), durable=False)
+        write_atomic(state_dir / SOURCES_FILE, json.dumps(data).encode(), durable=False)

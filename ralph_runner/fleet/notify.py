@@ -20,12 +20,16 @@ from typing import Any
 import apprise
 import httpx
 
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.runbook.plan import Plan
 from ralph_runner.runbook.schema import Notify
 
 RETRY_PAUSE = 1.0  # seconds between attempts of one message
-EXIT_EVENTS = {0: "finished", 5: "stopped", 6: "agent-broken"}  # gave-up comes with its reason
+EXIT_EVENTS: dict[int, str] = {
+    ExitCode.DONE: "finished",
+    ExitCode.MAX_ITERATIONS: "stopped",
+    ExitCode.AGENT_BROKEN: "agent-broken",
+}  # gave-up comes with its reason
 
 
 @dataclass

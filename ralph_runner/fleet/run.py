@@ -19,18 +19,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ralph_runner.errors import FatalError, Interrupted
+from ralph_runner.errors import ExitCode, FatalError, Interrupted
 from ralph_runner.output import Output
 from ralph_runner.process import execute
 from ralph_runner.runbook.plan import Plan
 
-SIGTERM_EXIT = 143
 CHILD_GRACE = 15.0  # seconds a child gets after SIGTERM to save its state and stop its agent
 # Most severe first: the fleet exits with the first of these that any host exited with. An
 # interrupt beats everything; then what needs a person (a crash, a bad runbook, a service that
 # could not be recovered, a broken agent); then a usage limit to come back after; then a lock
 # held elsewhere; then max_iterations.
-WORST_FIRST = (143, 130, 70, 2, 4, 6, 7, 3, 5)
+WORST_FIRST = (
+    ExitCode.SIGTERM,
+    ExitCode.SIGINT,
+    ExitCode.INTERNAL,
+    ExitCode.INVALID,
+    ExitCode.GAVE_UP,
+    ExitCode.AGENT_BROKEN,
+    ExitCode.LIMITED,
+    ExitCode.HELD,
+    ExitCode.MAX_ITERATIONS,
+)
 
 
 @dataclass
@@ -111,7 +120,7 @@ def run(plans: list[Plan], args: Any, output: Output) -> int:
             interrupted = exc
             for future in futures:
                 future.result()
-    signalled = interrupted.exit_code if interrupted else SIGTERM_EXIT
+    signalled = interrupted.exit_code if interrupted else ExitCode.SIGTERM
     for host in hosts:
         host.code = signalled if host.code is None else host.code
     rows = [h.row() for h in hosts]

@@ -32,7 +32,6 @@ from ralph_runner.loop import git
 from ralph_runner.loop.proxy import Totals
 from ralph_runner.process import execute
 
-FILE = "iterations.jsonl"
 EVENT = "iteration"  # the `event` of a history line, as death records have "death"
 # A counter of prompt tokens read now: (value, None) or (None, why it cannot be read).
 TokenCounter = Callable[[], tuple[float | None, str | None]]

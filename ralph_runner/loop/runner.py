@@ -10,10 +10,10 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from ralph_runner.actions import TaskResult
+from ralph_runner.actions import KINDS, TaskResult
 from ralph_runner.deaths import wiring
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import AgentBroken, FatalError, GaveUp, Interrupted, Limited
+from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Interrupted, Limited
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import (
@@ -34,10 +34,10 @@ from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan, death_log_for, health_for
 
-EXIT_DONE, EXIT_MAX_ITERATIONS, EXIT_AGENT_BROKEN = 0, 5, 6
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
-UNWATCHED = {"ensure_alive", "verify", "wait"}  # steps that run no agent
-QUICK = {"ensure_alive", "verify"}  # steps of milliseconds: status.json skips them (a death saves)
+# What each action kind declares of itself (actions/__init__.py): no kind is named here.
+UNWATCHED = frozenset(key for key, kind in KINDS.items() if not getattr(kind, "AGENT", True))
+QUICK = frozenset(key for key, kind in KINDS.items() if getattr(kind, "QUICK", False))
 
 
 class Runner:
@@ -105,7 +105,7 @@ class Runner:
             gc.freeze()
             try:
                 code = self._loop()
-                state.move(self.state, "finished" if code == EXIT_DONE else "stopped")
+                state.move(self.state, "finished" if code == ExitCode.DONE else "stopped")
                 return code
             except GaveUp:
                 state.move(self.state, "gave-up")
@@ -171,10 +171,10 @@ class Runner:
             item = checklist.next_todo(text)
             if item is None:
                 self._summary(text)
-                return EXIT_DONE
+                return ExitCode.DONE
             if limit and self.state.iteration >= limit:
                 self._summary(text, stopped=True)
-                return EXIT_MAX_ITERATIONS
+                return ExitCode.MAX_ITERATIONS
             pause.iterate(self, item)  # self._iteration(item), or a wait: `ralph-run pause`
 
     def _iteration(self, item: checklist.Item) -> None:
@@ -438,7 +438,7 @@ class Runner:
             reason=failure.reason,
             output_tail=failure.output_tail,
             skipped=skipped,
-            exit_code=EXIT_AGENT_BROKEN,
+            exit_code=ExitCode.AGENT_BROKEN,
         )
         message = (
             f"the agent is broken: it failed the same way on {previous.item!r} and "
@@ -450,7 +450,9 @@ class Runner:
                 f"; skipped meanwhile: {', '.join(repr(i) for i in skipped)} "
                 "(set them back to '- [ ]' to retry them)"
             )
-        raise AgentBroken(message + ". Fix the agent's set-up and run again.", EXIT_AGENT_BROKEN)
+        raise AgentBroken(
+            message + ". Fix the agent's set-up and run again.", ExitCode.AGENT_BROKEN
+        )
 
     def _skip(self, item: checklist.Item, strikes: int) -> None:
         text = checklist.read(self.checklist_path)

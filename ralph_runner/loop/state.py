@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_runner.durable.files import write_atomic
-from ralph_runner.errors import FatalError, Problem
+from ralph_runner.errors import ExitCode, FatalError, Problem
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
 
 STATE_DIR = ".ralph"
+# The files of .ralph/ that other modules write, named here once: the iteration history
+# (loop/history.py) and where the death records are (deaths/wiring.py).
+HISTORY_FILE = "iterations.jsonl"
+SOURCES_FILE = "sources.json"
 # The run states, Supervisor-style: a fixed set, and the moves allowed between them.
 STATUSES = (
     "idle",  # never run
@@ -213,7 +217,7 @@ class Store:
                         f"another ralph-run (pid {_holder_pid(fd)}) holds {workdir}",
                         file=str(self.lock_path),
                     ),
-                    exit_code=3,
+                    exit_code=ExitCode.HELD,
                 ) from None
             try:  # only for the message of a second run: a full disk must not stop this one
                 os.ftruncate(fd, 0)

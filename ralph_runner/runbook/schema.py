@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from ralph_runner import actions, probes
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.runbook.yamlfile import Document
 
 
@@ -189,7 +189,7 @@ class Recovery(Model):
     delay: NonNegativeFloat = 0.0
     backoff: PositiveFloat = 1.0
     healthy_within: NonNegativeFloat = 60.0
-    exit_code: int = Field(4, ge=1, le=255)
+    exit_code: int = Field(int(ExitCode.GAVE_UP), ge=1, le=255)
     crash_loop: CrashLoop = CrashLoop()
     # Loops on one host whose `lock` is the same recover their service once (default: the
     # URLs of the health probes, so loops on one base URL share it); "" turns sharing off.
@@ -246,7 +246,9 @@ class Limits(Model):
     max_wait: NonNegativeFloat = 4 * 3600.0
     default_wait: PositiveFloat = 900.0  # seconds waited when the message gives no reset time
     margin: NonNegativeFloat = 10.0  # seconds waited past the reset before the item's retry
-    exit_code: int = Field(7, ge=1, le=255)  # the exit of a run stopped by a limit
+    exit_code: int = Field(
+        int(ExitCode.LIMITED), ge=1, le=255
+    )  # the exit of a run stopped by a limit
     patterns: list[LimitPattern] = []
 
 

@@ -16,7 +16,7 @@ import yaml
 from e2e_helpers import make_workspace
 from standin_helpers import python_env
 
-from ralph_runner import crash
+from ralph_runner.errors import ExitCode
 
 BROKEN = Path(__file__).parents[1] / "data" / "plugins" / "broken_action.py"
 SECRET = "hunter2-the-api-key"
@@ -53,7 +53,7 @@ def test_a_crash_in_a_run_is_one_line_a_crash_file_and_a_crashed_status(tmp_path
     workdir = make_workspace(tmp_path / "work", ["one item"])
     done = _ralph(workdir, str(_runbook(tmp_path)))
 
-    assert done.returncode == crash.EXIT_INTERNAL == 70, done.stderr
+    assert done.returncode == ExitCode.INTERNAL == 70, done.stderr
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
     first = done.stderr.splitlines()[0]
     assert (

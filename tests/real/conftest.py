@@ -17,7 +17,7 @@ import pytest
 # The suite's helpers (e2e_helpers, standin_helpers) live one directory up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from real_helpers import ENGINE_ENV, Engine, tier_missing
+from real_helpers import ENGINE_ENV, SLOW_ARGS, SLOW_MODEL_DIR, Engine, tier_missing
 from standin_helpers import free_port
 
 
@@ -56,3 +56,15 @@ def healthy_engine(engine: Engine) -> Engine:
     """The session's engine, healthy: the start script leaves a healthy one alone."""
     engine.script("start")
     return engine
+
+
+@pytest.fixture(scope="session")
+def slow_engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Engine]:
+    """A second real vLLM, of the 8-layer model: prefills and generations that last (the tiny
+    model's 30,000 tokens took 6 s on a quiet machine, 145 s on a loaded one)."""
+    served = Engine(tmp_path_factory.mktemp("slow"), free_port(), SLOW_MODEL_DIR, SLOW_ARGS)
+    try:
+        served.script("start")
+        yield served
+    finally:
+        served.stop()

@@ -32,6 +32,7 @@ SERVED_NAME = "tiny"
 # (the busy test); the tiny model needs no more. 32768 tokens: a long generation lasts, however
 # fast the machine (1 GiB of KV cache holds a million of the tiny model's tokens).
 ARGS = "--dtype bfloat16 --max-model-len 32768 --max-num-seqs 1 --enforce-eager"
+SLOW_ARGS = ARGS.replace("--max-model-len 32768", "--max-model-len 50000")  # a 48,000-token prompt
 # vLLM's own variables, for every server the tier starts (the start script passes them on).
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
@@ -235,8 +236,12 @@ class LongGeneration:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> LongGeneration:
+    def start(self) -> None:
+        """Send it, without waiting for a token (one queued behind another gets none yet)."""
         self._thread.start()
+
+    def __enter__(self) -> LongGeneration:
+        self.start()
         wait_until(lambda: self.chunks > 0 or self.error, 60, "the long generation's first token")
         assert self.error is None, self.error
         return self

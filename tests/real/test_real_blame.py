@@ -13,13 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from real_helpers import ARGS, SERVED_NAME, SLOW_MODEL_DIR, Engine
-from standin_helpers import free_port
+from real_helpers import SERVED_NAME, Engine
 from test_real_loops import AGENT_STEP, HANG_BOUND, LOAD_MARGIN, RUN_TIMEOUT, STALL_AFTER, Loop
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 PREFILL_TOKENS = 48000  # ~50 s on the slow model here (30,000: ~19 s)
-SLOW_ARGS = ARGS.replace("--max-model-len 32768", "--max-model-len 50000")
 GENERATION_SECONDS = 70
 
 
@@ -58,16 +56,6 @@ def test_a_hang_before_the_agents_request_is_found_within_the_bound(
     assert loop.finish() == 0, loop.run.events[-5:]
     assert loop.marks() == ["x"] and loop.strikes() == {}
     assert healthy_engine.pgid not in (None, old_group[0]), "the server was not restarted"
-
-
-@pytest.fixture
-def slow_engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None):
-    served = Engine(tmp_path_factory.mktemp("slow"), free_port(), SLOW_MODEL_DIR, SLOW_ARGS)
-    try:
-        served.script("start")
-        yield served
-    finally:
-        served.stop()
 
 
 def test_a_long_prefill_and_a_long_generation_are_no_death(
