@@ -58,10 +58,11 @@ def healthy_engine(engine: Engine) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slow_engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Engine]:
     """A second real vLLM, of the 8-layer model: prefills and generations that last (the tiny
-    model's 30,000 tokens took 6 s on a quiet machine, 145 s on a loaded one)."""
+    model's 30,000 tokens took 6 s on a quiet machine, 145 s on a loaded one). One per module
+    that needs it, stopped at its end: the other modules' timings run with one engine only."""
     served = Engine(tmp_path_factory.mktemp("slow"), free_port(), SLOW_MODEL_DIR, SLOW_ARGS)
     try:
         served.script("start")
