@@ -443,16 +443,18 @@ def check_engine_hang(target: Target) -> None:
     stream = Stream(f"{target.url}/chat/completions", long_request(target))
     wait_streaming(stream)
     target.hang()
-    frozen = wait_frozen(target)
-    seen = len(stream.events)
-    for path in ("/health", "/v1/models", "/metrics"):
-        assert target.get(path).status_code == 200, path
-    assert target.metrics()["vllm:num_requests_running"] >= 1
-    with pytest.raises(httpx.ReadTimeout):
-        target.generate(timeout=1.0, max_tokens=1)
-    assert target.tokens() == frozen
-    assert len(stream.events) == seen and not stream.done.is_set()
-    target.resume()
+    try:
+        frozen = wait_frozen(target)
+        seen = len(stream.events)
+        for path in ("/health", "/v1/models", "/metrics"):
+            assert target.get(path).status_code == 200, path
+        assert target.metrics()["vllm:num_requests_running"] >= 1
+        with pytest.raises(httpx.ReadTimeout):
+            target.generate(timeout=1.0, max_tokens=1)
+        assert target.tokens() == frozen
+        assert len(stream.events) == seen and not stream.done.is_set()
+    finally:
+        target.resume()  # a failed check leaves no frozen engine to the next one
     stream.wait()
     assert stream.error is None and stream.data()[-1] == "[DONE]"
     assert target.generate(max_tokens=1).status_code == 200
