@@ -1,54 +1,62 @@
 """`ralph-run top [WORKDIR|RUNBOOK... | -i INVENTORY [--limit P]]`: the loops, live.
 
 A full-screen view (Rich's `Live`, on the terminal's alternate screen) redrawn every second from
-what the loops already write: `.ralph/status.json` (state, iteration, item, step, deaths, the
-last death's fault, the checklist's counts, the pause) and `.ralph/iterations.jsonl` (the
-selected loop's last iterations). Read here for workdirs on this machine, over each host's
-connection with `-i` (as `status -i`, each read within `--timeout`). Keys: up/down or j/k
-select a loop, p pauses it, r resumes it, q quits. The keys are read from the terminal in
-cbreak mode by a thread. When stdout is no terminal (`ralph-run top | cat`), or with `--once`,
-it prints one plain-text snapshot, no escape codes, and exits.
+what the loops already write under `.ralph/` (top_view.py reads and draws it): one row per
+loop, and the selected loop's engine sparklines, last iterations with their receipts and last
+output. Read here for workdirs on this machine, over each host's connection with `-i`.
+
+Every loop is read in the background, at most one read in flight per loop, so a host that does
+not answer holds up nothing: each redraw shows the latest answer of every loop, and a loop whose
+read has been out for more than STALE seconds shows its last known row as "no answer Ns" (one
+never read yet: "reading..."). Keys: up/down or j/k select a loop, p pauses it, r resumes it,
+o writes its HTML report, q quits; they are read from the terminal in cbreak mode by a thread,
+and what they do (over ssh too) runs in the background as well. When stdout is no terminal
+(`ralph-run top | cat`), or with `--once`, it prints one plain-text snapshot, no escape codes,
+after every read has answered or timed out, and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
-import json
 import os
 import queue
 import select
-import shlex
+import shutil
+import subprocess
 import sys
 import termios
 import threading
 import time
 import tty
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from ralph_runner.commands import status
+from ralph_runner.commands import top_view as view
 from ralph_runner.errors import FatalError
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
-from ralph_runner.process import connection
+from ralph_runner.process import connection, execute
 from ralph_runner.runbook import inventory
 
 REFRESH = 1.0  # seconds between redraws
-HISTORY_LINES = 6  # the selected loop's last iterations
-TAIL_BYTES = 64 * 1024  # what is read of a local iterations.jsonl: its end only
+STALE = 2.5 * REFRESH  # a read out longer than this: the row says "no answer"
+GRACE = 0.25  # seconds a redraw waits for the reads it just asked for (a local one takes ms)
+REPORT = "report.html"  # written into the loop's .ralph/ by the key o
+REPORT_TIMEOUT = 300.0  # seconds for `ralph-run report` to write it
+HELP = "up/down j/k select   p pause   r resume   o report   q quit"
 KEYS = {"\x1b[A": "up", "\x1bOA": "up", "\x1b[B": "down", "\x1bOB": "down"}
-KEYS.update({"k": "up", "j": "down", "p": "pause", "r": "resume", "q": "quit", "Q": "quit"})
+KEYS.update({"k": "up", "j": "down", "p": "pause", "r": "resume", "o": "report"})
+KEYS.update({"q": "quit", "Q": "quit"})
 
 
 @dataclass
@@ -60,16 +68,32 @@ class Loop:
     error: str | None = None  # the host's connection could not be made
 
 
+@dataclass
+class Watch:
+    """What is known of one loop: its last answer, and the read in flight."""
+
+    last: view.Snapshot | None = None  # the last read that got an answer
+    detailed: view.Snapshot | None = None  # the last one that read the details too
+    failed: view.Snapshot | None = None  # the last read, when it got no answer
+    asked: float | None = None  # monotonic time the read in flight began; None: none is
+    first: float | None = None  # monotonic time of the first read
+
+
 def main(args: argparse.Namespace) -> int:
     loops = loops_of(args)
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(loops)))) as pool:
-        view = View(loops, pool, args.timeout)
+    with ThreadPoolExecutor(max_workers=max(1, min(64, len(loops)))) as pool:
+        screen = View(loops, pool, args.timeout)
         if args.once or not (sys.stdout.isatty() and sys.stdin.isatty()):
             width = int(os.environ.get("COLUMNS") or 100)
             console = Console(color_system=None, force_terminal=False, highlight=False, width=width)
-            console.print(view.render(view.gather(), plain=True))
+            concurrent.futures.wait(screen.poll())
+            console.print(screen.render(width, None, plain=True))
             return 0
-        return view.live()
+        try:
+            return screen.live()
+        finally:  # q quits now, not after the reads that wait on a host that does not answer
+            pool.shutdown(wait=False, cancel_futures=True)
+            execute.kill_all(grace=0.5)
 
 
 def loops_of(args: argparse.Namespace) -> list[Loop]:
@@ -91,100 +115,126 @@ def loops_of(args: argparse.Namespace) -> list[Loop]:
         except FatalError as exc:
             loops.append(Loop(host, workdir, None, host, error=str(exc.problems[0])))
             continue
-        loops.append(Loop(host, workdir, conn, host))
+        if isinstance(conn, connection.Local):  # its files are here: read them directly
+            loops.append(Loop(host, str(Path(workdir).expanduser().resolve()), None, host))
+        else:
+            loops.append(Loop(host, workdir, conn, host))
     return loops
 
 
 class View:
-    """The rows, the selection and the keys' actions; rendered by Rich."""
+    """The loops' latest answers, the selection and the keys' actions; drawn by top_view."""
 
     def __init__(self, loops: list[Loop], pool: ThreadPoolExecutor, timeout: float) -> None:
         self.loops, self.pool, self.timeout = loops, pool, timeout
+        self.watches = [Watch() for _ in loops]
         self.selected = 0
         self.message = ""
+        self.lock = threading.Lock()
 
-    # -- reading ------------------------------------------------------------------
-    def gather(self) -> list[dict[str, Any]]:
-        rows = list(self.pool.map(self._read, self.loops))
-        rows[self.selected]["history"] = self._history(self.loops[self.selected])
-        return rows
+    # -- reading, in the background -------------------------------------------------
+    def poll(self, only: int | None = None) -> list[Future[None]]:
+        """Ask every loop (or one) that has no read in flight for a new one."""
+        asked = []
+        now = time.monotonic()
+        for index, watch in enumerate(self.watches):
+            if only is not None and index != only:
+                continue
+            with self.lock:
+                if watch.asked is not None:
+                    continue
+                watch.asked = now
+                watch.first = watch.first or now
+            asked.append(self.pool.submit(self._fetch, index, index == self.selected))
+        return asked
 
-    def _read(self, loop: Loop) -> dict[str, Any]:
-        if loop.error:
-            return {"error": loop.error, "reachable": False}
-        if loop.conn is not None:
-            return fleet_status.read_one(loop.host, loop.conn, loop.workdir, self.timeout)
+    def _fetch(self, index: int, detailed: bool) -> None:
+        loop, watch = self.loops[index], self.watches[index]
         try:
-            found = state.Store(Path(loop.workdir)).read_status()
-        except FatalError as exc:
-            return {"error": str(exc.problems[0]), "reachable": True}
-        if found is None:
-            return {"error": "no status (never run here?)", "reachable": True}
-        found["running"] = bool(found.get("running")) and status._alive(found.get("pid"))
-        return found
+            found = self._read(loop, detailed)
+        except Exception as exc:  # a bug here must show in the row, not stop the reads
+            found = view.Snapshot({"error": f"read failed: {exc!r}", "reachable": False})
+        with self.lock:
+            watch.asked = None
+            if found.answered:
+                watch.last, watch.failed = found, None
+                if detailed:
+                    watch.detailed = found
+            else:
+                watch.failed = found
 
-    def _history(self, loop: Loop) -> list[dict[str, Any]]:
-        path = f"{loop.workdir.rstrip('/')}/{state.STATE_DIR}/{state.HISTORY_FILE}"
+    def _read(self, loop: Loop, detailed: bool) -> view.Snapshot:
         if loop.error:
-            return []
+            return view.Snapshot({"error": loop.error, "reachable": False})
         if loop.conn is not None:
-            quoted = path if path.startswith("~/") else shlex.quote(path)
-            result = loop.conn.shell(f"tail -n {HISTORY_LINES} {quoted}", timeout=self.timeout)
-            text = result.output if result.exit_code == 0 else ""
-        else:
-            try:
-                with open(path, "rb") as file:
-                    file.seek(max(0, os.fstat(file.fileno()).st_size - TAIL_BYTES))
-                    text = file.read().decode("utf-8", "replace")
-            except OSError:
-                text = ""
-        lines = []
-        for line in text.splitlines()[-HISTORY_LINES:]:
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    lines.append(entry)
-        return lines
+            return view.read_remote(loop.conn, loop.workdir, detailed, self.timeout)
+        return view.read_local(loop.workdir, detailed)
 
-    # -- drawing ------------------------------------------------------------------
-    def render(self, rows: list[dict[str, Any]], plain: bool = False) -> RenderableType:
-        table = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
-        table.add_column("loop", no_wrap=True, max_width=14, overflow="ellipsis")
-        table.add_column("state", no_wrap=True)
-        table.add_column("it", justify="right", no_wrap=True)
-        table.add_column("item (attempt)", no_wrap=True, overflow="ellipsis", ratio=1)
-        table.add_column("step", justify="right", no_wrap=True)
-        table.add_column("deaths", no_wrap=True, max_width=16, overflow="ellipsis")
-        table.add_column("d/t/s", no_wrap=True)
-        now = time.time()
-        for index, (loop, row) in enumerate(zip(self.loops, rows, strict=True)):
-            mark = ">" if index == self.selected else " "
-            style = "reverse" if index == self.selected and not plain else None
-            table.add_row(mark + loop.label, *_cells(row, now), style=style)
-        selected = self.loops[self.selected]
-        parts: list[RenderableType] = [
-            Text(f"ralph-run top  {time.strftime('%H:%M:%S')}  {len(self.loops)} loop(s)"),
-            table,
-            Text(
-                f"{selected.label}, last iterations ({selected.host}:{selected.workdir})",
-                overflow="ellipsis",
-                no_wrap=True,
-            ),
-            _iterations(rows[self.selected].get("history") or []),
-        ]
+    def _settle(self, asked: list[Future[None]]) -> None:
+        """Give the reads just asked for a moment (local ones take milliseconds)."""
+        concurrent.futures.wait(asked, timeout=GRACE)
+
+    # -- drawing --------------------------------------------------------------------
+    def render(self, width: int, height: int | None, plain: bool = False) -> RenderableType:
+        """The screen; `height` None: no limit (the plain snapshot)."""
+        now, wall = time.monotonic(), time.time()
+        with self.lock:
+            known = [(w.last or w.failed, w.detailed, self._stale(w, now)) for w in self.watches]
+        room = len(self.loops) if height is None else max(1, height - 11)
+        first = min(max(0, self.selected - room + 1), max(0, len(self.loops) - room))
+        shown = range(first, min(len(self.loops), first + room))
+        rows = []
+        for index in shown:
+            last, _, stale = known[index]
+            snapshot = last or view.Snapshot({"error": "", "reachable": False})
+            selected = index == self.selected
+            style = "reverse" if selected else "dim" if stale else None
+            mark = ">" if selected else " "
+            rows.append((mark + self.loops[index].label, view.cells(snapshot, wall, stale), style))
+        if plain:
+            rows = [(name, cells, None) for name, cells, _ in rows]
+        heading = f"ralph-run top  {time.strftime('%H:%M:%S')}  {len(self.loops)} loop(s)"
+        if len(shown) < len(self.loops):
+            heading += f", {shown.start + 1}-{shown.stop} shown"
+        loop = self.loops[self.selected]
+        last, detailed, stale = known[self.selected]
+        death = view.last_death_text(last.row) if last else ""
+        title = loop.label + (f" [{stale}]" if stale else "") + (f": {death}" if death else "")
+        title += f"  ({loop.host}:{loop.workdir})"
+        budget = None if height is None else height - 3 - len(rows) - (0 if plain else 2)
+        parts: list[RenderableType] = [Text(heading), view.table(rows)]
+        parts += view.details(title, last, detailed, width, budget)
         if not plain:
-            parts.append(Text(self.message, overflow="ellipsis", no_wrap=True))
-            parts.append(Text("up/down j/k select   p pause   r resume   q quit"))
+            parts.append(Text(self.message, no_wrap=True, overflow="ellipsis"))
+            parts.append(Text(HELP))
         return Group(*parts)
 
-    # -- the live screen ----------------------------------------------------------
+    @staticmethod
+    def _stale(watch: Watch, now: float) -> str | None:
+        """ "no answer Ns" (since its last answer) for a loop whose read is out too long or got
+        no answer; "reading..." for one not read yet; None when it is fresh."""
+        late = watch.asked is not None and now - watch.asked > STALE
+        if watch.last is not None and (late or watch.failed):
+            return f"no answer {view.duration(time.time() - watch.last.wall)}"
+        if watch.last is None and watch.failed is None:
+            return (
+                f"no answer {view.duration(now - (watch.first or now))}" if late else "reading..."
+            )
+        return None  # fresh, or never answered and its error says why
+
+    # -- the live screen ------------------------------------------------------------
     def live(self) -> int:
         console = Console()
         with _keys() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
+            tick = 0.0
             while True:
-                live.update(self.render(self.gather()), refresh=True)
+                if time.monotonic() >= tick:
+                    tick = time.monotonic() + REFRESH
+                    self._settle(self.poll())
+                size = console.size
+                live.update(self.render(size.width, size.height), refresh=True)
                 try:
-                    key = keys.get(timeout=REFRESH)
+                    key = keys.get(timeout=max(0.0, tick - time.monotonic()))
                 except queue.Empty:
                     continue
                 if key == "quit":
@@ -192,13 +242,24 @@ class View:
                 self._on_key(key)
 
     def _on_key(self, key: str) -> None:
-        if key == "up":
-            self.selected = max(0, self.selected - 1)
-        elif key == "down":
-            self.selected = min(len(self.loops) - 1, self.selected + 1)
-        elif key in ("pause", "resume"):
+        if key in ("up", "down"):
+            step = -1 if key == "up" else 1
+            self.selected = min(len(self.loops) - 1, max(0, self.selected + step))
+            self._settle(self.poll(self.selected))  # its details, if no read is out
+        elif key in ("pause", "resume", "report"):
             loop = self.loops[self.selected]
-            self.message = f"{loop.label}: {self._control(loop, key)}"
+            what = self._report if key == "report" else lambda at: self._control(at, key)
+            self.message = f"{loop.label}: {'writing the report' if key == 'report' else key}..."
+            doing = threading.Thread(target=self._tell, args=(loop, what), daemon=True)
+            doing.start()  # a thread of its own: the reads' pool stays theirs
+            doing.join(GRACE)
+
+    def _tell(self, loop: Loop, action: Callable[[Loop], str]) -> None:
+        try:
+            said = action(loop)
+        except Exception as exc:  # the screen goes on; the message says what went wrong
+            said = f"error: {exc}"
+        self.message = f"{loop.label}: {said}"
 
     def _control(self, loop: Loop, action: str) -> str:
         if loop.error:
@@ -214,59 +275,43 @@ class View:
         except FatalError as exc:
             return f"error: {exc.problems[0]}"
 
-
-def _cells(row: dict[str, Any], now: float) -> list[str]:
-    if "error" in row:
-        what = "unreachable" if not row.get("reachable") else "no status"
-        return [what, "", row["error"], "", "", ""]
-    paused = row.get("pause") or {}
-    if row.get("running"):
-        state_text = "paused" if row.get("paused") else paused.get("state") or "running"
-    elif row.get("status") == "running":
-        state_text = "dead"
-    else:
-        state_text = str(row.get("status", "?"))
-    item = row.get("item") or ""
-    if item:
-        item += f" ({row.get('attempts', 0) + 1})"
-    since = paused.get("since") if row.get("paused") else row.get("step_started")
-    step = _duration(now - since) if row.get("running") and isinstance(since, int | float) else ""
-    last = row.get("last_death") or {}
-    deaths = str(row.get("deaths", 0))
-    if last.get("fault") or last.get("phase"):
-        deaths += f" {last.get('fault') or last.get('phase')}"
-    counts = f"{row.get('done', 0)}/{row.get('todo', 0)}/{row.get('skipped', 0)}"
-    return [state_text, str(row.get("iteration", 0)), item, step, deaths, counts]
-
-
-def _iterations(lines: list[dict[str, Any]]) -> RenderableType:
-    if not lines:
-        return Text("  no iteration finished yet")
-    table = Table(box=None, pad_edge=False, show_header=True, expand=True)
-    table.add_column("it", justify="right", no_wrap=True)
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("time", justify="right", no_wrap=True)
-    table.add_column("deaths", justify="right", no_wrap=True)
-    table.add_column("item", no_wrap=True, overflow="ellipsis", ratio=1)
-    for line in lines:
-        seconds = line.get("seconds")
-        table.add_row(
-            str(line.get("iteration", "")),
-            str(line.get("outcome", "")),
-            _duration(seconds) if isinstance(seconds, int | float) else "",
-            str(len(line.get("deaths") or [])),
-            str(line.get("item", "")),
-        )
-    return table
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    def _report(self, loop: Loop) -> str:
+        """The loop's deaths as `ralph-run report` writes them, into its .ralph/, by that
+        command in a process of its own (rendering the page would hold up the reads): run here
+        and opened (xdg-open, with a DISPLAY) for a local loop; run on the host, where the
+        records are, for a remote one, whose path on the host is shown."""
+        if loop.error:
+            return f"error: {loop.error}"
+        relative = f"{state.STATE_DIR}/{REPORT}"
+        if loop.conn is not None:
+            command = (
+                f"cd {view.remote_path(loop.workdir)} && if command -v ralph-run >/dev/null 2>&1;"
+                f" then ralph-run report . -o {relative}; else python3 -m ralph_runner report ."
+                f" -o {relative}; fi"
+            )
+            result = loop.conn.shell(command, timeout=REPORT_TIMEOUT)
+            lines = result.output.strip().splitlines()
+            if result.exit_code != 0:
+                return f"report failed on {loop.host}: {lines[-1] if lines else result.exit_code}"
+            return f"report on {loop.host}: {loop.workdir.rstrip('/')}/{relative} (copy it: scp)"
+        output = Path(loop.workdir) / relative
+        shown = os.path.relpath(output)
+        shown = str(output) if shown.startswith("..") else shown
+        argv = [sys.executable, "-m", "ralph_runner", "report", loop.workdir, "-o", shown]
+        result = execute.run(argv, timeout=REPORT_TIMEOUT)
+        lines = result.output.strip().splitlines()
+        if result.exit_code != 0:
+            return f"report failed: {lines[-1] if lines else result.exit_code}"
+        if os.environ.get("DISPLAY") and shutil.which("xdg-open"):
+            subprocess.Popen(
+                ["xdg-open", str(output)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            return f"{lines[-1]}, opening it"
+        return lines[-1]  # report: PATH (N deaths, M iterations, S MB)
 
 
 @contextlib.contextmanager

@@ -1,105 +1,75 @@
-"""`ralph-run top` against two real loops on the stand-in: in an 80x24 tmux pane (keys p, r,
-q), and as one plain snapshot when stdout is no terminal."""
+"""`ralph-run top` as a person uses it, in an 80x24 tmux pane: two real loops on two stand-ins,
+one of them dying and recovering on screen (the capture docs/watching.md shows), keys p, r, o
+and q; one plain snapshot when stdout is no terminal; and ten busy loops' screen at its 1 s
+refresh for under 5% of a core."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import RalphRun, Scenario, make_workspace
+from e2e_helpers import RalphRun, Scenario
 from standin_helpers import ROOT, python_env, wait_for
+from top_helpers import (
+    Pane,
+    Rewriter,
+    iteration_of,
+    number_of,
+    recorded_workdir,
+    state_of,
+    watched_runbook,
+)
 
 pytestmark = [
-    pytest.mark.timeout(150),
+    pytest.mark.timeout(180),
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
-SCREEN = ROOT / "docs" / "top-screen.txt"  # the capture docs/watching.md shows
+SCREEN = ROOT / "docs" / "top-screen.txt"  # the capture, also copied into docs/watching.md
+WATCHING = ROOT / "docs" / "watching.md"
 ALPHA = ["alpha: add the parser", "alpha: test the parser", "alpha: document it"]
-BETA = [f"beta: write exporter part {n}" for n in range(1, 9)]
+ALPHA += [f"alpha: parse case {n}" for n in range(1, 9)]
+BETA = [f"beta: write exporter part {n}" for n in range(1, 16)]
+TOP = [sys.executable, "-m", "ralph_runner", "top"]
+RECOVERY_DELAY = 4.0  # s the recovery's start step waits first: the screen sees it
 
 
 @pytest.fixture
-def two_loops(scenario: Scenario) -> Iterator[tuple[Scenario, RalphRun, RalphRun, Path]]:
-    """Two loops (hosts alpha and beta of a local inventory) on one stand-in."""
-    scenario.prepare(ALPHA, agent_sleep="2.5")
-    beta_dir = make_workspace(scenario.root / "beta", BETA)
-    alpha = scenario.start()
-    command = [*alpha.process.args[:-1], alpha.process.args[-1]]
-    beta = RalphRun(list(command), beta_dir)
-    scenario.runs.append(beta)
-    inventory = scenario.root / "inventory.yaml"
-    hosts = {
-        name: {"ansible_connection": "local", "ralph_workdir": str(where)}
-        for name, where in (("alpha", scenario.workspace), ("beta", beta_dir))
-    }
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    alpha.wait_agent(1)
-    beta.wait_agent(1)
-    yield scenario, alpha, beta, inventory
-    for run in (alpha, beta):
-        if run.process.poll() is None:
-            run.send(signal.SIGTERM)
-            run.wait(30)
-
-
-class Pane:
-    """One tmux server of its own (-L), one 80x24 window running a command."""
-
-    def __init__(self, name: str, command: list[str], cwd: Path) -> None:
-        self.tmux = ["tmux", "-L", name]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in _env().items())
-        shell = f"cd {shlex.quote(str(cwd))} && env {env} {shlex.join(command)}"
-        subprocess.run(
-            [*self.tmux, "new-session", "-d", "-x", "80", "-y", "24", "-s", "top", shell],
-            check=True,
-        )
-
-    def text(self) -> str:
-        done = subprocess.run(
-            [*self.tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True
-        )
-        return done.stdout
-
-    def wait_text(self, *needles: str, timeout: float = 20, row: str = "") -> str:
-        """The screen once it shows every needle (and a line starting with `row` that holds
-        the first needle, when given)."""
-
-        def shows() -> str | None:
-            text = self.text()
-            if row and not any(
-                line.startswith(row) and needles[0] in line for line in text.splitlines()
-            ):
-                return None
-            return text if all(n in text for n in needles) else None
-
-        try:
-            return wait_for(shows, timeout, f"{needles} on the screen")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the screen:\n{self.text()}") from None
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run([*self.tmux, "send-keys", "-t", "top", *keys], check=True)
-
-    def alive(self) -> bool:
-        found = subprocess.run([*self.tmux, "has-session", "-t", "top"], capture_output=True)
-        return found.returncode == 0
-
-    def close(self) -> None:
-        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
-
-
-def _env() -> dict[str, str]:
-    env = python_env()
-    return {"PYTHONPATH": env["PYTHONPATH"], "TERM": "xterm-256color", "LANG": "C.UTF-8"}
+def two_loops(tmp_path: Path) -> Iterator[tuple[Scenario, Scenario, RalphRun, RalphRun, Path]]:
+    """Two loops (hosts alpha and beta of a local inventory), each on a stand-in of its own,
+    with the flight recorder and the agent proxy; alpha's recovery takes RECOVERY_DELAY s more."""
+    alpha_scenario, beta_scenario = Scenario(tmp_path), Scenario(tmp_path / "beta")
+    try:
+        alpha_scenario.prepare(ALPHA, agent_sleep="2.5")
+        beta_scenario.prepare(BETA, agent_sleep="2.5")
+        watched_runbook(alpha_scenario.runbook_path, recovery_delay=RECOVERY_DELAY)
+        watched_runbook(beta_scenario.runbook_path)
+        alpha, beta = alpha_scenario.start(), beta_scenario.start()
+        hosts = {
+            name: {"ansible_connection": "local", "ralph_workdir": str(where.workspace)}
+            for name, where in (("alpha", alpha_scenario), ("beta", beta_scenario))
+        }
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+        alpha.wait_agent(1)
+        beta.wait_agent(1)
+        yield alpha_scenario, beta_scenario, alpha, beta, inventory
+        for run in (alpha, beta):
+            if run.process.poll() is None:
+                run.send(signal.SIGTERM)
+                run.wait(30)
+    finally:
+        alpha_scenario.close()
+        beta_scenario.close()
 
 
 def status(workdir: Path) -> dict:
@@ -109,24 +79,59 @@ def status(workdir: Path) -> dict:
         return {}
 
 
-def test_top_shows_both_loops_and_pauses_the_selected_one(two_loops, tmp_path: Path) -> None:
-    scenario, alpha, beta, inventory = two_loops
-    command = [sys.executable, "-m", "ralph_runner", "top", "-i", str(inventory)]
-    pane = Pane(f"ralph-top-{tmp_path.name}", command, scenario.root)
+def test_top_shows_a_death_and_its_recovery_and_pauses_the_selected_loop(
+    two_loops, tmp_path: Path
+) -> None:
+    scenario, other, alpha, beta, inventory = two_loops
+    alpha.wait_agent(2)  # one iteration done: its receipt is in the history
+    pane = Pane(f"ralph-top-{tmp_path.name}", [*TOP, "-i", str(inventory)], scenario.root)
     try:
-        pane.wait_text("alpha: add the parser", "beta: write exporter part 1", "running")
-        pane.keys("p")  # the first row is selected
-        alpha.wait_event("paused", timeout=30)
-        wait_for(lambda: status(scenario.workspace).get("paused") is True, 10, "alpha paused")
-        screen = pane.wait_text(" paused ", "pause asked for", row=">alpha")
-        assert status(beta.cwd).get("paused") is False
-        assert all(len(line) <= 80 for line in screen.splitlines())
-        assert "\x1b" not in screen
-        SCREEN.write_text(_tidy(screen, scenario.root), encoding="utf-8")
+        screen = pane.wait_screen(
+            lambda s: state_of(s, "alpha") == "running" == state_of(s, "beta") and s, 20, "rows"
+        )
+        assert number_of(screen, "alpha", "deaths") == 0
+        assert "tokens p/g" in screen and "tok/s" in screen
 
+        # A death as it happens: the deaths column counts up, the state says recovering.
+        scenario.standin.trigger(die=True)
+        screen = pane.wait_screen(
+            lambda s: re.fullmatch(r"recovering [2-9]s", state_of(s, "alpha") or "") and s,
+            20,
+            "alpha recovering for 2 s",
+        )
+        assert number_of(screen, "alpha", "deaths") == 1
+        assert state_of(screen, "beta") == "running"
+        assert number_of(screen, "beta", "deaths") == 0
+        assert "alpha: death 1 at" in screen and "server log (recorder):" in screen
+        lines = screen.rstrip("\n").splitlines()
+        assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+        assert lines[-1].startswith("up/down j/k select"), screen  # all of it fits
+        assert "\x1b" not in screen
+        assert alpha.of("recovery") == []  # it was caught while the recovery ran
+        _show_in_docs(_tidy(screen, scenario.root))
+
+        alpha.wait_event("recovery", timeout=40, recovered=True)
+        pane.wait_screen(
+            lambda s: state_of(s, "alpha") == "running" and number_of(s, "alpha", "deaths") == 1,
+            20,
+            "alpha running again after its death",
+        )
+        alpha.wait_event("retry", timeout=5)
+
+        # p pauses the selected loop (the first row) after the iteration in hand; r resumes.
+        pane.keys("p")
+        alpha.wait_event("paused", timeout=30)
+        pane.wait_text(" paused ", "pause asked for", row=">alpha")
+        assert status(other.workspace).get("paused") is False
         pane.keys("r")
         alpha.wait_event("resumed", timeout=10)
-        wait_for(lambda: status(scenario.workspace).get("paused") is False, 10, "alpha resumed")
+
+        # o writes the selected loop's report, into its .ralph/, and says where.
+        report = scenario.workspace / ".ralph" / "report.html"
+        pane.keys("o")
+        pane.wait_text("alpha: report: work/.ralph/report.html (1 deaths", timeout=90)
+        assert "death" in report.read_text(encoding="utf-8")
+
         pane.keys("j", "p")  # the second row: beta
         beta.wait_event("paused", timeout=30)
         pane.keys("r")
@@ -139,7 +144,7 @@ def test_top_shows_both_loops_and_pauses_the_selected_one(two_loops, tmp_path: P
 
     # Not a terminal: one plain snapshot of both loops, then exit.
     snapshot = subprocess.run(
-        [sys.executable, "-m", "ralph_runner", "top", str(scenario.workspace), str(beta.cwd)],
+        [*TOP, str(scenario.workspace), str(other.workspace)],
         env=python_env(COLUMNS="80"),
         capture_output=True,
         text=True,
@@ -147,7 +152,7 @@ def test_top_shows_both_loops_and_pauses_the_selected_one(two_loops, tmp_path: P
     )
     assert snapshot.returncode == 0, snapshot.stderr
     assert "\x1b" not in snapshot.stdout
-    for name in ("work", "beta", "item (attempt)", "d/t/s"):
+    for name in ("work", "item (attempt)", "d/t/s", "tokens p/g", "tok/s"):
         assert name in snapshot.stdout, snapshot.stdout
     assert all(len(line) <= 80 for line in snapshot.stdout.splitlines())
 
@@ -159,3 +164,57 @@ def _tidy(screen: str, root: Path) -> str:
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with recorded_workdir(tmp_path_factory.mktemp("recorded")) as workdir:
+        yield workdir
+
+
+def test_top_of_ten_busy_loops_costs_under_5_percent_of_a_core(
+    recorded: Path, tmp_path: Path
+) -> None:
+    workdirs = [tmp_path / f"loop-{n}" for n in range(10)]
+    writer = Rewriter(recorded, workdirs, period=0.5)  # a new iteration every 0.5 s, each
+    writer.start()
+    pane = Pane(f"ralph-top-{tmp_path.name}", [*TOP, *map(str, workdirs)], tmp_path)
+    try:
+        pane.wait_screen(
+            lambda s: all(state_of(s, w.name) == "running" for w in workdirs) and "tok/s" in s,
+            30,
+            "ten running loops",
+        )
+        top = pane.process()
+        assert "top" in top.cmdline()
+
+        def spent() -> float:
+            times = top.cpu_times()
+            return times.user + times.system + times.children_user + times.children_system
+
+        before, started = spent(), time.monotonic()
+        first = iteration_of(pane.text(), "loop-9") or 0
+        clocks: set[str] = set()
+        pause = threading.Event()
+        while time.monotonic() - started < 10:
+            clocks.add(pane.text().splitlines()[0])  # the header's clock: it redrew
+            pause.wait(0.25)  # the sampling interval of the measurement
+        used, wall = spent() - before, time.monotonic() - started
+        screen = pane.text()
+    finally:
+        pane.close()
+        writer.close()
+    assert len(clocks) >= 8, clocks  # a redraw every second, all along
+    assert (iteration_of(screen, "loop-9") or 0) >= first + 10, screen  # and it kept reading
+    assert used < 0.05 * wall, f"top used {used:.2f} s of CPU in {wall:.1f} s"
+
+
+def _show_in_docs(capture: str) -> None:
+    """The capture into docs/top-screen.txt and into docs/watching.md's block that follows
+    the line naming that file (tests/docs checks that the two agree)."""
+    SCREEN.write_text(capture, encoding="utf-8")
+    text = WATCHING.read_text(encoding="utf-8")
+    marker = text.index("`docs/top-screen.txt`")
+    start = text.index("```text\n", marker) + len("```text\n")
+    end = text.index("```", start)
+    WATCHING.write_text(text[:start] + capture + text[end:], encoding="utf-8")

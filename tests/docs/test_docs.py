@@ -59,6 +59,12 @@ def test_the_site_fetches_no_fonts() -> None:
     assert "strict: true" in config
 
 
+def test_watching_shows_the_capture_top_s_test_wrote() -> None:
+    """docs/watching.md's screen of `top` is the one tests/cli/test_top.py last captured."""
+    capture = (ROOT / "docs" / "top-screen.txt").read_text(encoding="utf-8")
+    assert f"```text\n{capture}```" in (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")
+
+
 def test_every_page_is_in_the_nav() -> None:
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     listed = set(re.findall(r":\s*([\w/-]+\.md)\s*$", config, re.MULTILINE))
