@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.loop.limits import span
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 
@@ -146,7 +146,14 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         f"💀 death #{f['death']} at {f['phase']}: "
         + (f"{f['fault']} ({f['reason']})" if f.get("fault") else f"{f['reason']}"),
     ),
-    "capture": lambda f, p: f"  capturing {f['collectors']} diagnostics",
+    "capture": lambda f, p: (
+        f"  capturing {f['collectors']} diagnostics"
+        + (
+            f" (while {f['during_recovery']} recovers it: its record holds the moment of death)"
+            if f.get("during_recovery")
+            else ""
+        )
+    ),
     "report": lambda f, p: (
         f"  📝 report appended to {f['log']}"
         + (f"\n  🔎 signature: {f['signature']}" if f.get("signature") else "")
@@ -233,6 +240,22 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         + " before the next iteration: `ralph-run resume` goes on",
     ),
     "resumed": lambda f, p: p("green", f"▶ resumed after {f['seconds']:.0f} s paused"),
+    "pause-step": lambda f, p: _block_step("pause", f, p),
+    "resume-step": lambda f, p: _block_step("resume", f, p),
+    "pause-steps": lambda f, p: (
+        p("green", f"  pause steps done in {f['seconds']:.1f}s")
+        if f["ok"]
+        else p("red", f"  pause steps failed: {f['error']}; still paused (no death, no strike)")
+    ),
+    "resume-steps": lambda f, p: (
+        p("green", f"  resume steps done in {f['seconds']:.1f}s")
+        if f["ok"]
+        else p(
+            "yellow",
+            f"  resume steps failed: {f['error']}; going on: the service is checked now, "
+            "and started if nothing listens",
+        )
+    ),
     "limited": lambda f, p: (
         p("yellow", f"  ⏳ usage limit ({f['source']}): {f['line']}")
         + "\n"
@@ -271,14 +294,17 @@ STRIKE_TAIL_LINES = 5  # the agent's last words under a strike; the whole tail i
 
 
 def _step_status(f: dict) -> str:
-    """How a failed step ended: "killed", "timed out", "exit 1"... never "exit None"."""
-    if f.get("status"):
-        return f["status"]
-    if f.get("killed"):
-        return "killed"
-    if f.get("timed_out"):
-        return "timed out"
-    return f"exit {f['exit_code']}" if f.get("exit_code") is not None else "failed"
+    """How a failed step ended: the loop's words (loop/failures.status_text), else the same
+    words from the event's fields; never "exit None"."""
+    ended = step_ended(f.get("exit_code"), bool(f.get("timed_out")), bool(f.get("killed")))
+    return f.get("status") or ended or "failed"
+
+
+def _block_step(which: str, f: dict, p: Painter) -> str:
+    """A step of the runbook's `pause:` or `resume:` block, as recovery steps are shown."""
+    if f.get("skipped"):
+        return p("dim", f"  ⏭ {which} step: {f['step']}: skipped ({f['skipped']})")
+    return f"  {'⏸' if which == 'pause' else '▶'} {which} step: {f['step']}"
 
 
 def _tail(tail: str | None, p: Painter, lines: int | None, least: int = 1) -> str:
@@ -300,8 +326,7 @@ def _fleet_table(f: dict, p: Painter) -> str:
     """The fleet's end: one row per host."""
     header = ("host", "done", "todo", "skipped", "deaths", "exit")
     rows = [[str(v if v is not None else "-") for v in row.values()] for row in f["hosts"]]
-    widths = [max(len(c) for c in column) for column in zip(header, *rows, strict=False)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    lines = columns([header, *rows])
     return "\n".join(
         [p("bold", lines[0]), *lines[1:], p("bold", f"fleet exit code {f['exit_code']}")]
     )
@@ -319,3 +344,71 @@ HUMAN.update(
         "fleet-summary": _fleet_table,
     }
 )
+
+
+# -- text for people, in one style: every table, count and cut-off line ralph-run prints ----------
+
+
+def columns(rows: Sequence[Sequence[str]], align: str = "", indent: str = "") -> list[str]:
+    """`rows` (a header first, if any) as lines of columns two spaces apart, each as wide as
+    its widest cell; `align` holds "<" or ">" per column (left where it says nothing). No line
+    ends in spaces, so the last column is never padded."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        (
+            indent
+            + "  ".join(
+                cell.rjust(width) if align[i : i + 1] == ">" else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def step_ended(
+    exit_code: int | None, timed_out: bool, killed: bool, stalled: str | None = None
+) -> str | None:
+    """How a step ended, in words: "killed (service died)", "timed out", "stalled (why)",
+    "exit 137 (SIGKILL)"; None when it has no exit code (the caller says why)."""
+    if killed:
+        return "killed (service died)"
+    if timed_out:
+        return "timed out"
+    if stalled:
+        return f"stalled ({stalled})"
+    if exit_code is None:
+        return None
+    if 128 < exit_code <= 128 + 64:
+        try:
+            return f"exit {exit_code} ({signal.Signals(exit_code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit {exit_code}"
+
+
+IRREGULAR = {"recovery": "recoveries"}
+
+
+def plural(count: Any, noun: str) -> str:
+    """A count with its noun: "1 death", "3 deaths", "2 recoveries", "? attempts"."""
+    return f"{count} {noun if count == 1 else IRREGULAR.get(noun, noun + 's')}"
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` cut to at most `width` characters, a cut marked with "…"."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def span(seconds: float) -> str:
+    """A wait in words: "3 h 12 min", "45 s"."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"

@@ -34,6 +34,7 @@ class Engine:
         self.waiting = 0
         self.completion_status = 200  # 500: a dead engine
         self.metrics_status = 200
+        self.metrics_delay = 0.0  # seconds before /metrics answers (a CPU-starved server)
         self.omit: set[str] = set()  # metric names left out of /metrics
         self.padding = 0  # histogram bucket lines added to /metrics (a big body)
         self.completions = 0  # chat completions received
@@ -144,6 +145,7 @@ class Engine:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     engine.metrics_scrapes += 1
+                    time.sleep(engine.metrics_delay)  # the server's own slowness, as scripted
                     self.send(engine.metrics_status, engine.metrics_text(), "text/plain")
                 elif self.path == "/v1/models":
                     self.send(200, json.dumps({"data": [{"id": "m"}]}))

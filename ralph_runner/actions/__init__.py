@@ -13,6 +13,8 @@ A module in this package is an action kind when it defines:
     QUICK: bool = False            # optional: True if it takes milliseconds (status.json is
                                    #   not rewritten for it)
 
+A LOOP_ONLY kind reaches the loop through `ctx.loop()`: a LoopRuntime, all it may use of it.
+
 Adding an action kind is adding one module here: the schema and the executor find it by KEY.
 """
 
@@ -22,7 +24,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from ralph_runner.errors import Problem
+    from ralph_runner.loop.git import Snapshot
     from ralph_runner.process.connection import Connection
     from ralph_runner.process.execute import IdleWatch, Result
     from ralph_runner.runbook.templating import Templar
@@ -82,6 +85,31 @@ class TaskResult:
         }
 
 
+class LoopRuntime(Protocol):
+    """What the loop (loop/runner.Runner) offers its LOOP_ONLY actions, and nothing more."""
+
+    @property
+    def checklist_path(self) -> Path: ...
+
+    @property
+    def item_in_hand(self) -> str | None:
+        """The text of the checklist item this iteration works on."""
+        ...
+
+    @property
+    def before(self) -> Snapshot | None:
+        """The work tree when the iteration began; None outside a git repository."""
+        ...
+
+    def look_at_tree(self) -> Snapshot | None:
+        """The work tree now (kept by the loop as what the next iteration starts from)."""
+        ...
+
+    def ensure_alive(self, phase: str, context: dict[str, Any]) -> TaskResult:
+        """Probe the service; if dead, capture, report and recover (or raise GaveUp)."""
+        ...
+
+
 @dataclass
 class TaskContext:
     """Everything an action may use; actions render and spawn only through these."""
@@ -95,9 +123,15 @@ class TaskContext:
     max_output: int
     where: Problem
     cancel: threading.Event | None = None
-    run: Any = None  # the loop's runtime (ensure_alive, verify); None outside the loop
+    run: LoopRuntime | None = None  # None outside the loop
     on_output: Callable[[str], None] | None = None  # live output, for `ralph-run -v`
     idle: IdleWatch | None = None  # the task's idle_timeout, as a watch (loop steps only)
+
+    def loop(self) -> LoopRuntime:
+        """The loop, for a LOOP_ONLY action (the loader allows those in loop steps only)."""
+        if self.run is None:
+            raise RuntimeError(f"{self.where}: a loop-only action ran outside the loop")
+        return self.run
 
     def render_params(self, params: ParamsT) -> ParamsT:
         """`params` with every template in them rendered, validated again as their own type."""

@@ -1,6 +1,6 @@
 """`ensure_alive: {phase: NAME}`: probe the service; if dead, capture, report and recover.
 
-The work is the loop runtime's (`ctx.run.ensure_alive`): this module only names the step.
+The work is the loop's (`ctx.loop().ensure_alive`): this module only names the step.
 """
 
 from __future__ import annotations
@@ -30,4 +30,4 @@ def describe(params: Params | None, ctx: TaskContext) -> str:
 def run(params: Params | None, ctx: TaskContext) -> TaskResult:
     params = params or Params()
     context = ctx.templar.render_data(params.context, ctx.variables, where=ctx.where)
-    return ctx.run.ensure_alive(params.phase, context)
+    return ctx.loop().ensure_alive(params.phase, context)

@@ -17,6 +17,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.output import columns
 from ralph_runner.runbook.fields import Regex
 
 KEY = "processes"
@@ -68,12 +69,11 @@ def sample(cancel: threading.Event | None) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return ["  (none)"]
-    lines = [f"  {'PID':>7} {'RSS MiB':>9} {'CPU%':>6}  COMMAND"]
-    for row in rows:
-        lines.append(
-            f"  {row['pid']:>7} {row['rss_mib']:>9.1f} {row['cpu_percent']:>6.1f}  {row['command']}"
-        )
-    return lines
+    cells = [
+        [str(row["pid"]), f"{row['rss_mib']:.1f}", f"{row['cpu_percent']:.1f}", row["command"]]
+        for row in rows
+    ]
+    return columns([["PID", "RSS MiB", "CPU%", "COMMAND"], *cells], align=">>><", indent="  ")
 
 
 def run(params: Params, ctx: TaskContext) -> TaskResult:

@@ -32,11 +32,11 @@ def describe(params: Params | None, ctx: TaskContext) -> str:
 
 
 def run(params: Params | None, ctx: TaskContext) -> TaskResult:
-    """The loop's runtime (ctx.run) knows the item in hand and the tree the iteration began with."""
+    """The loop knows the item in hand and the tree the iteration began with."""
     params = params or Params()
-    loop = ctx.run
+    loop = ctx.loop()
     problems = []
-    if params.checked and not _ticked(loop.checklist_path, loop.state.current_item or ""):
+    if params.checked and not _ticked(loop.checklist_path, loop.item_in_hand or ""):
         problems.append("item not ticked")
     if params.committed:
         problems.extend(_commit_problems(loop.before, loop.look_at_tree()))

@@ -112,6 +112,9 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         },
         "recorder": _recorder(p, problems),
     }
+    for block, specs in (("pause", p.runbook.pause_steps), ("resume", p.runbook.resume_steps)):
+        if specs:  # run on the target at a pause and at its resume (loop/pause.py)
+            result[block] = each(specs, target, {**variables, "phase": block})
     try:
         result.update(_followers(p))
     except FatalError as exc:
@@ -161,7 +164,9 @@ def _followers(p: plan.Plan) -> dict[str, Any]:
 
 def _registered(p: plan.Plan) -> set[str]:
     """Every `register:` name of the runbook: a `when:` may test a result registered before."""
-    specs = [*p.runbook.loop_steps, *p.runbook.collectors, *p.runbook.recovery_steps]
+    runbook = p.runbook
+    specs = [*runbook.loop_steps, *runbook.collectors, *runbook.recovery_steps]
+    specs += [*runbook.pause_steps, *runbook.resume_steps]
     return {spec.task.register_ for spec in specs if spec.task.register_}
 
 

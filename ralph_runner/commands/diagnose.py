@@ -7,6 +7,7 @@ import json
 import time
 
 from ralph_runner.deaths import log as death_log
+from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.liveness import diagnostics
 from ralph_runner.liveness.service import iso_time
 from ralph_runner.loop import checklist
@@ -20,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
         counts = checklist.counts(checklist.read(path) if path.is_file() else "").as_dict()
         variables = {**p.variables, "phase": "diagnose", "checklist": counts, "deaths": 0}
         group = diagnostics.group_for(p)
-        record = {
+        record: DeathRecord = {
             "event": "diagnose",
             "death": 0,
             "time": iso_time(time.time()),

@@ -98,9 +98,22 @@ def _pause(status: dict[str, Any]) -> list[str]:
     if pause.get("state") == "paused" and isinstance(pause.get("since"), int | float):
         since = datetime.fromtimestamp(pause["since"]).astimezone().isoformat(timespec="seconds")
         killed = f", {pause['killed_step']} stopped" if pause.get("killed_step") else ""
-        return [f"pause:      paused since {since}{killed} (`ralph-run resume` goes on)"]
+        steps = _block(pause, "pause")
+        return [f"pause:      paused since {since}{killed}{steps} (`ralph-run resume` goes on)"]
+    if pause.get("state") == "resuming":
+        return [f"pause:      resuming{_block(pause, 'resume')}"]
     when = "stopping the step now" if pause.get("now") else "after the iteration in hand"
     return [f"pause:      pausing {when}"]
+
+
+def _block(pause: dict[str, Any], which: str) -> str:
+    """The runbook's `pause:` (or `resume:`) block: " (pause steps done)", or why it failed."""
+    steps = pause.get("steps")
+    if steps not in ("running", "done", "failed"):
+        return ""  # the runbook has none
+    if steps == "failed":
+        return f" ({which} steps failed: {pause.get('steps_error')})"
+    return f" ({which} steps {steps})"
 
 
 def _limited(limited: Any) -> list[str]:

@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from ralph_runner.deaths import stats
 from ralph_runner.deaths import text as deaths_text
+from ralph_runner.output import shorten
 
 MAX_OVERLAY = 50  # deaths whose recorder samples are overlaid
 MAX_EXCERPTS = 20  # deaths whose last log lines are shown
@@ -127,7 +128,7 @@ def timeline(data: stats.Data, colour: dict[str, str]):
             "seconds": np.array([_num(i.get("seconds")) for i in its], dtype=np.float32),
             "iteration": np.array([_num(i.get("iteration")) for i in its], dtype=np.float32),
             "outcome": outcome,
-            "item": [_short(str(i.get("item") or ""), ITEM_CHARS) for i in its],
+            "item": [shorten(str(i.get("item") or ""), ITEM_CHARS) for i in its],
         }
     )
     outcomes = sorted(set(outcome), key=list(OUTCOME_COLOURS).index)
@@ -152,7 +153,7 @@ def timeline(data: stats.Data, colour: dict[str, str]):
             "signature": [r["signature"] for r in rows],
             "phase": [r["phase"] for r in rows],
             "host": [r["host"] for r in rows],
-            "recovery": [_recovery_text(r) for r in rows],
+            "recovery": [deaths_text.recovery_of(r) for r in rows],
             "colour": [colour.get(r["signature"], "#999999") for r in rows],
         }
     )
@@ -242,14 +243,6 @@ def _num(value: Any) -> float:
     )
 
 
-def _recovery_text(row: dict[str, Any]) -> str:
-    if row["recovered"] is None:
-        return "no recovery record"
-    if not row["recovered"]:
-        return "NOT recovered"
-    return f"recovered in {deaths_text.duration(row['recovery_seconds'])}"
-
-
 def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
     from bokeh.models import ColumnDataSource, DataRange1d, FactorRange
     from bokeh.plotting import figure
@@ -257,7 +250,7 @@ def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
     if not rows:
         return None
     shown = rows[:MAX_SIGNATURES][::-1]
-    labels = [_short(r["signature"], 70) for r in shown]
+    labels = [shorten(r["signature"], 70) for r in shown]
     source = ColumnDataSource(
         {
             "label": labels,
@@ -402,7 +395,3 @@ def excerpts(deaths: list[stats.Death]) -> list[dict[str, Any]]:
             }
         )
     return found[::-1]
-
-
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"

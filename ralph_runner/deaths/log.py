@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ralph_runner.deaths.record import (
+    DeathRecord,
+    Record,
+    RecoveryRecord,
+    StartRecord,
+    is_death,
+    is_recovery,
+)
+from ralph_runner.durable import jsonl
 from ralph_runner.durable.files import append_durably
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.output import columns, plural, shorten, step_ended
 
 if TYPE_CHECKING:
     from ralph_runner.runbook.templating import Templar
@@ -58,18 +69,18 @@ class DeathLog:
         self.redactor = redactor
         self.where = where  # where the template came from, for its errors
 
-    def write_death(self, record: dict[str, Any]) -> None:
+    def write_death(self, record: DeathRecord) -> None:
         """Write one death to both files, durably, before the caller starts recovery."""
         record = self.redactor.data({"event": "death", **record})
         block = self._render(record)
         self._write(record, "death", self.redactor.text(block).rstrip("\n") + "\n\n")
 
-    def write_recovery(self, record: dict[str, Any]) -> None:
+    def write_recovery(self, record: RecoveryRecord) -> None:
         """Write a recovery outcome: the JSON record and a short line under its death's block."""
         record = self.redactor.data({"event": "recovery", **record})
         self._write(record, "recovery", self.redactor.text(recovery_text(record)))
 
-    def write_start(self, record: dict[str, Any]) -> None:
+    def write_start(self, record: StartRecord) -> None:
         """A start (the service was not running at the run's first check): a JSON record of
         its own event, which no death statistic counts, and one line in the log."""
         record = self.redactor.data({"event": "start", **record})
@@ -81,10 +92,10 @@ class DeathLog:
             self.redactor.text(f"{line} ({seconds_text(record.get('seconds'))} s) =====\n\n"),
         )
 
-    def _render(self, record: dict[str, Any]) -> str:
+    def _render(self, record: DeathRecord) -> str:
         return render(record, self.template, self.templar, self.redactor, self.where)
 
-    def _write(self, record: dict[str, Any], kind: str, text: str) -> None:
+    def _write(self, record: Record, kind: str, text: str) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str)
         errors = []
         for path, data in ((self.log_path, text), (self.records_path, line + "\n")):
@@ -102,7 +113,7 @@ class DeathLog:
 
 
 def render(
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     template: str,
     templar: Templar,
     redactor: Redactor,
@@ -122,7 +133,7 @@ def render(
     return redactor.text(text)
 
 
-def recovery_text(record: dict[str, Any]) -> str:
+def recovery_text(record: RecoveryRecord) -> str:
     """The human line for a recovery outcome, plus the output of failed steps when it gave up."""
     if record.get("recovered"):
         return (
@@ -133,7 +144,7 @@ def recovery_text(record: dict[str, Any]) -> str:
     for step in record.get("steps") or []:
         if not step.get("ok", True):
             attempt = f"attempt {step['attempt']}, " if "attempt" in step else ""
-            why = "timed out" if step.get("timed_out") else f"exit {step.get('exit_code')}"
+            why = step_ended(step.get("exit_code"), bool(step.get("timed_out")), False) or "failed"
             lines.append(f" {attempt}step {step.get('name', '?')!r} failed ({why}):")
             lines.extend("  " + out for out in str(step.get("output") or "").splitlines())
     return "\n".join(lines) + "\n\n"
@@ -143,43 +154,37 @@ def seconds_text(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) else "?"
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[Record]:
     """The records of a JSONL death file, skipping a torn line (kill -9 mid-write) with a warning.
 
     A missing file means no death was recorded yet. A torn line is the last line until the next
     run appends after it (on a fresh line), so a bad line anywhere is skipped the same way.
+    JSON from disk becomes typed records here, and only here: its keys are read with .get().
     """
-    if not path.exists():
-        return []
-    records = []
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            record = err
-        if not isinstance(record, dict):
-            print(
-                f"ralph-run: warning: {path}:{number}: skipped a torn record"
-                f" (an interrupted write?): {record}",
-                file=sys.stderr,
-            )
-            continue
-        records.append(record)
-    return records
+    skipped = jsonl.Skipped(warn=_warn_torn)
+    return [cast(Record, entry) for _, entry in jsonl.read(path, skipped)]
 
 
-def summarize(records: list[dict[str, Any]]) -> str:
+def _warn_torn(where: str, why: str) -> None:
+    print(
+        f"ralph-run: warning: {where}: skipped a torn record (an interrupted write?): {why}",
+        file=sys.stderr,
+    )
+
+
+ITEM_WIDTH = 60  # of an item's text in the summary's last column
+
+
+def summarize(records: Iterable[Record]) -> str:
     """One line per death with its recovery outcome, then totals (`ralph-run deaths`)."""
-    deaths: list[dict[str, Any]] = []
-    recoveries: dict[int, dict[str, Any]] = {}  # index in deaths -> its recovery
+    deaths: list[DeathRecord] = []
+    recoveries: dict[int, RecoveryRecord] = {}  # index in deaths -> its recovery
     latest: dict[Any, int] = {}  # death number -> index of the latest death with that number
     for record in records:
-        if record.get("event") == "death":
+        if is_death(record):
             latest[record.get("death")] = len(deaths)
             deaths.append(record)
-        elif record.get("event") == "recovery" and record.get("death") in latest:
+        elif is_recovery(record) and record.get("death") in latest:
             recoveries[latest[record.get("death")]] = record
     if not deaths:
         return "no deaths recorded"
@@ -191,28 +196,21 @@ def summarize(records: list[dict[str, Any]]) -> str:
             str(death.get("phase", "?")),
             first_failure(death),
             recovery_summary(recoveries.get(index)),
-            shorten((death.get("item") or {}).get("text", "(no item)")),
+            shorten((death.get("item") or {}).get("text", "(no item)"), ITEM_WIDTH),
         ]
         for index, death in enumerate(deaths)
     ]
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
-    lines = [
-        "  ".join(
-            [*(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)), row[-1]]
-        ).rstrip()
-        for row in rows
-    ]
-    return "\n".join([*lines, totals(len(deaths), list(recoveries.values()))])
+    return "\n".join([*columns(rows), totals(len(deaths), list(recoveries.values()))])
 
 
-def first_failure(death: dict[str, Any]) -> str:
+def first_failure(death: DeathRecord) -> str:
     for probe in death.get("probes") or []:
         if not probe.get("ok"):
             return f"{probe.get('name', '?')}: {probe.get('reason', '?')}"
     return "no failed probe"
 
 
-def recovery_summary(recovery: dict[str, Any] | None) -> str:
+def recovery_summary(recovery: RecoveryRecord | None) -> str:
     if recovery is None:
         return "no recovery recorded"
     if recovery.get("recovered"):
@@ -221,15 +219,7 @@ def recovery_summary(recovery: dict[str, Any] | None) -> str:
     return f"NOT recovered: {recovery.get('reason') or 'gave up'}"
 
 
-def shorten(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def plural(count: Any, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def totals(deaths: int, recoveries: list[dict[str, Any]]) -> str:
+def totals(deaths: int, recoveries: list[RecoveryRecord]) -> str:
     recovered = [r for r in recoveries if r.get("recovered")]
     failed = len(recoveries) - len(recovered)
     parts = [plural(deaths, "death"), f"{len(recovered)} recovered"]

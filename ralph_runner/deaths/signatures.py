@@ -19,8 +19,11 @@ An exception line that only points at another one (vLLM's `EngineDeadError: ... 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ralph_runner.deaths.record import DeathRecord
+from ralph_runner.output import shorten
 
 # `Name: message` or `pkg.module.Name: message` where Name looks like an exception class.
 EXCEPTION = re.compile(
@@ -58,8 +61,7 @@ def mask(line: str) -> str:
     """The line with what varies between deaths of one kind replaced by <num>, <hex>, ..."""
     for pattern, replacement in MASKS:
         line = pattern.sub(replacement, line)
-    line = " ".join(line.split())
-    return line if len(line) <= MAX_SIGNATURE else line[: MAX_SIGNATURE - 1] + "…"
+    return shorten(" ".join(line.split()), MAX_SIGNATURE)
 
 
 def exception_of(line: str) -> str | None:
@@ -84,7 +86,7 @@ def last_exception(lines: Iterable[str]) -> str | None:
     return found or pointer
 
 
-def of_probes(probes: list[dict[str, Any]]) -> str | None:
+def of_probes(probes: Sequence[Mapping[str, Any]]) -> str | None:
     """`probe NAME: REASON` of the first failing probe (a status with its code)."""
     failing = next((p for p in probes if isinstance(p, dict) and not p.get("ok")), None)
     if failing is None:
@@ -96,7 +98,7 @@ def of_probes(probes: list[dict[str, Any]]) -> str | None:
     return f"probe {failing.get('name') or failing.get('kind') or '?'}: {reason}"
 
 
-def recorder_lines(record: dict[str, Any]) -> list[str] | None:
+def recorder_lines(record: DeathRecord) -> list[str] | None:
     """The followed log's lines since the previous recovery; None when nothing was followed."""
     section = record.get("recorder")
     if not isinstance(section, dict) or not section.get("log_source"):
@@ -113,7 +115,7 @@ def recorder_lines(record: dict[str, Any]) -> list[str] | None:
     return lines or None
 
 
-def collector_logs(record: dict[str, Any]) -> list[tuple[str, str]]:
+def collector_logs(record: DeathRecord) -> list[tuple[str, str]]:
     """(name, output) of the collectors that hold a log, in the record's order."""
     found = []
     for collector in record.get("collectors") or []:
@@ -125,7 +127,7 @@ def collector_logs(record: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def of_record(record: dict[str, Any]) -> dict[str, Any]:
+def of_record(record: DeathRecord) -> DeathRecord:
     """{"signature": ..., "signature_from": {"source", "line"}} for one death record."""
     followed = recorder_lines(record)
     sources = (
@@ -143,7 +145,7 @@ def of_record(record: dict[str, Any]) -> dict[str, Any]:
     return {"signature": "unknown", "signature_from": {"source": None, "line": None}}
 
 
-def signature(record: dict[str, Any]) -> str:
+def signature(record: DeathRecord) -> str:
     """The record's stored signature, or computed now for a record written before there were."""
     stored = record.get("signature")
     return stored if isinstance(stored, str) and stored else of_record(record)["signature"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_runner.deaths import signatures
+from ralph_runner.deaths.record import DeathRecord, RecoveryRecord, is_death, is_recovery
 from ralph_runner.durable import jsonl
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.loop.state import HISTORY_FILE, SOURCES_FILE, STATE_DIR
@@ -39,9 +40,9 @@ MAX_BUCKETS = 10
 
 @dataclass
 class Death:
-    record: dict[str, Any]
+    record: DeathRecord
     source: str
-    recovery: dict[str, Any] | None = None
+    recovery: RecoveryRecord | None = None
 
     @property
     def number(self) -> Any:
@@ -170,11 +171,11 @@ def read_file(path: Path, data: Data) -> None:
     latest: dict[Any, Death] = {}  # death number -> the latest death of that number, this file
     for number, entry in jsonl.read(path, data.skipped):
         event = entry.get("event")
-        if event == "death":
+        if is_death(entry):
             death = Death(entry, str(path))
             latest[entry.get("death")] = death
             data.deaths.append(death)
-        elif event == "recovery" and entry.get("death") in latest:
+        elif is_recovery(entry) and entry.get("death") in latest:
             latest[entry.get("death")].recovery = entry
         elif event == "iteration":
             data.iterations.append(entry)
@@ -280,6 +281,7 @@ def by_signature(deaths: list[Death]) -> list[dict[str, Any]]:
     rows = []
     for signature, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         times = [t for t in (d.time for d in members) if t is not None]
+        found = members[-1].record.get("signature_from")
         rows.append(
             {
                 "signature": signature,
@@ -289,7 +291,7 @@ def by_signature(deaths: list[Death]) -> list[dict[str, Any]]:
                 "hosts": dict(Counter(d.host for d in members).most_common()),
                 "first": min(times) if times else None,
                 "last": max(times) if times else None,
-                "example": (members[-1].record.get("signature_from") or {}).get("line"),
+                "example": found.get("line") if found else None,
             }
         )
     return rows

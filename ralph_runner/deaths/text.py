@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ralph_runner.deaths import log, stats
+from ralph_runner.deaths import stats
+from ralph_runner.output import columns, plural, shorten
 
 LAST_DEATHS = 30  # deaths listed one per line at the end (the most recent ones)
 ITEM_WIDTH = 40
@@ -31,6 +32,15 @@ def death_row(death: stats.Death) -> dict[str, Any]:
         "recovery_seconds": recovery.get("seconds"),
         "source": death.source,
     }
+
+
+def recovery_of(row: dict[str, Any]) -> str:
+    """A death's recovery in a word or three (a death_row's)."""
+    if row["recovered"] is None:
+        return "no recovery record"
+    if not row["recovered"]:
+        return "NOT recovered"
+    return f"recovered in {duration(row['recovery_seconds'])}"
 
 
 def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
@@ -151,13 +161,6 @@ def files_line(files: dict[str, dict[str, int]]) -> str:
     return "; ".join(parts)
 
 
-PLURALS = {"death": "deaths", "recovery": "recoveries", "iteration": "iterations", "host": "hosts"}
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun if count == 1 else PLURALS.get(noun, noun + 's')}"
-
-
 def when(epoch: float | None) -> str:
     if epoch is None:
         return "?"
@@ -184,12 +187,7 @@ def share(row: dict[str, Any]) -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
-    return [
-        "  "
-        + "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]])
-        for row in [header, *rows]
-    ]
+    return columns([header, *rows], indent="  ")
 
 
 def between_line(between: dict[str, Any]) -> str:
@@ -268,13 +266,6 @@ def each_death(deaths: list[stats.Death]) -> list[str]:
     rows = []
     for death in shown:
         row = death_row(death)
-        recovered = (
-            "no recovery record"
-            if row["recovered"] is None
-            else f"recovered in {duration(row['recovery_seconds'])}"
-            if row["recovered"]
-            else "NOT recovered"
-        )
         rows.append(
             [
                 f"#{row['death']}",
@@ -283,9 +274,9 @@ def each_death(deaths: list[stats.Death]) -> list[str]:
                 f"iter {row['iteration']}",
                 row["phase"],
                 f"{row['prompt_chars']} chars" if row["prompt_chars"] is not None else "—",
-                recovered,
+                recovery_of(row),
                 row["signature"],
-                log.shorten(row["item"] or "(no item)", ITEM_WIDTH),
+                shorten(row["item"] or "(no item)", ITEM_WIDTH),
             ]
         )
     header = ["death", "time", "host", "iteration", "phase", "prompt", "recovery", "signature"]

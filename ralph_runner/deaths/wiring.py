@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_runner.deaths import signatures
+from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.deaths.recorder import DIRECTORY, Recorder, Settings
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError
@@ -138,10 +139,10 @@ def _is(exc: BaseException, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(exc).__mro__)
 
 
-def at_death(plan: Plan, record: dict[str, Any]) -> dict[str, Any]:
+def at_death(plan: Plan, record: DeathRecord) -> DeathRecord:
     """What a death record gets from here: the recorder's window and the signature."""
     session = _sessions.get(plan.workdir)
-    fields: dict[str, Any] = {}
+    fields: DeathRecord = {}
     if session is not None and session.recorder is not None:
         try:
             fields["recorder"] = session.recorder.window()

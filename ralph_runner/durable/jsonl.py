@@ -3,7 +3,7 @@
 The iteration history and the flight recorder's segments are written with one `write(2)` per
 batch on an O_APPEND descriptor: once it returns, the kernel holds the bytes, so a kill -9 of
 ralph-run loses nothing already written. Only a power loss could drop the last ones (no fsync:
-these files are context, not evidence; the death records themselves are fsynced, reports.py).
+these files are context, not evidence; the death records themselves are fsynced, deaths/log.py).
 A write cut short by a kill leaves a torn last line: the next writer starts on a fresh line and
 readers skip what does not parse, counting it.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,8 @@ class Skipped:
     torn: int = 0
     foreign: int = 0
     where: list[str] = field(default_factory=list)  # the first few, as path:line
+    # told of every line skipped, as it is: (path:line, why), for readers that warn at once
+    warn: Callable[[str, str], None] | None = None
 
     KEEP = 5
 
@@ -74,10 +76,12 @@ class Skipped:
     def total(self) -> int:
         return self.torn + self.foreign
 
-    def add(self, kind: str, path: Path | str, number: int) -> None:
+    def add(self, kind: str, path: Path | str, number: int, why: str = "") -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         if len(self.where) < self.KEEP:
             self.where.append(f"{path}:{number} ({kind})")
+        if self.warn is not None:
+            self.warn(f"{path}:{number}", why)
 
     def text(self) -> str:
         """'skipped 3 lines (2 torn, 1 foreign: ...)' or '' when none was."""
@@ -103,10 +107,10 @@ def read(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         try:
             entry = orjson.loads(raw)
-        except ValueError:  # orjson.JSONDecodeError, invalid UTF-8 included
-            skipped.add("torn", path, number)
+        except ValueError as err:  # orjson.JSONDecodeError, invalid UTF-8 included
+            skipped.add("torn", path, number, str(err))
             continue
         if isinstance(entry, dict):
             yield number, entry
         else:
-            skipped.add("foreign", path, number)
+            skipped.add("foreign", path, number, str(entry))

@@ -85,12 +85,20 @@ class Notifier:
         self._idle.set()
         self._pending = 0
         self._lock = threading.Lock()
+        self._waiting = False  # paused or waiting out a usage limit: the switch is kept alive
+        self._closed = threading.Event()
         threading.Thread(target=self._serve, name="notify", daemon=True).start()
+        if self.deadman:
+            threading.Thread(target=self._keep_alive, name="deadman", daemon=True).start()
         self._ping("/start")
 
     def __call__(self, kind: str, fields: dict[str, Any]) -> None:
         if kind == "iteration":
             self._ping("")
+        if kind in ("paused", "limited"):
+            self._waiting = not fields.get("ends_run")
+        elif kind in ("resumed", "iteration"):
+            self._waiting = False
         message = self._message(kind, fields)
         if message is not None:
             self.send(message)
@@ -101,6 +109,7 @@ class Notifier:
         event = EXIT_EVENTS.get(code)
         if event is not None:
             self.send(Message(event, f"ralph-run {event} on {self.host}", f"exit code {code}"))
+        self._closed.set()
         self._ping(f"/{code}")
         self._jobs.put(None)
         if not self._idle.wait(self.config.timeout):
@@ -145,6 +154,13 @@ class Notifier:
             url = self.deadman.rstrip("/") + suffix
             timeout = self.config.timeout
             self._submit(lambda: httpx.get(url, timeout=timeout).is_success)
+
+    def _keep_alive(self) -> None:
+        """Ping every `deadman_every` s while the loop waits: no iteration ends then, and a
+        switch that hears nothing for its period pages someone for a loop that is fine."""
+        while not self._closed.wait(self.config.deadman_every):
+            if self._waiting:
+                self._ping("")
 
     def _submit(self, attempt: Callable[[], bool]) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.loop.state import STATE_DIR
+from ralph_runner.output import columns
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, plan, templating
 
@@ -89,7 +90,7 @@ def read_one(
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     header = ("host", "state", "iter", "done", "todo", "skipped", "deaths", "last death", "updated")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for row in rows:
         if "error" in row:
             state = "unreachable" if not row["reachable"] else "no status"
@@ -114,11 +115,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 _ago(row.get("updated")),
             )
         )
-    widths = [max(len(line[i]) for line in lines if len(line) > i) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip()
-        for line in lines
-    ]
+    return columns(lines)
 
 
 def _ago(updated: Any) -> str:

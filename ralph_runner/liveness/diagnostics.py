@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ralph_runner.actions import TaskResult
+from ralph_runner.deaths.record import CollectorEntry
 from ralph_runner.errors import FatalError
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
@@ -24,7 +25,7 @@ def group_for(plan: Plan) -> tasks.TaskGroup:
 
 def collect(
     specs: list[TaskSpec], group: tasks.TaskGroup, variables: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[CollectorEntry]:
     """One entry per collector (DESIGN §8's keys), in the runbook's order."""
     if not specs:
         return []
@@ -55,7 +56,7 @@ def _one(spec: TaskSpec, group: tasks.TaskGroup, variables: dict, cancel) -> Tas
         return TaskResult(ok=False, output=f"collector crashed: {exc!r}")
 
 
-def _entry(spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
+def _entry(spec: TaskSpec, result: TaskResult) -> CollectorEntry:
     return {
         "name": spec.name,
         "ok": result.ok,

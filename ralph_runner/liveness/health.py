@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ralph_runner.probes import ProbeContext, ProbeResult, run_probe
+from ralph_runner.probes import ProbeContext, ProbeResult, no_answer, run_probe
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -181,7 +181,8 @@ class Health:
                 if now < running.deadline:
                     return running  # handed on: wait for it rather than queue behind it
                 detail = "still hung from an earlier round"
-                return _Check(_ready(_timed_out(spec, detail, 0.0)), timeout, now)
+                state = self._states[index]
+                return _Check(_ready(_timed_out(spec, state, detail, 0.0)), timeout, now)
             ctx = ProbeContext(self.client, self.connection, timeout, self._states[index])
             check = _Check(self._workers[index].submit(spec, ctx), timeout, now + timeout + GRACE)
             self._running[index] = check
@@ -193,7 +194,7 @@ class Health:
         except TimeoutError:
             spec = self.probes[index]
             detail = f"no answer within {check.timeout:g}s (the check is still running)"
-            return _timed_out(spec, detail, check.timeout)
+            return _timed_out(spec, self._states[index], detail, check.timeout)
 
 
 @dataclass
@@ -246,8 +247,9 @@ def _pause(seconds: float, cancel: threading.Event | None) -> bool:
     return (cancel or threading.Event()).wait(seconds)
 
 
-def _timed_out(spec: ProbeSpec, detail: str, seconds: float) -> ProbeResult:
-    """The verdict on a check that did not answer in time."""
+def _timed_out(spec: ProbeSpec, state: dict, detail: str, seconds: float) -> ProbeResult:
+    """The verdict on a check that did not answer in time (its kind may read it as busy)."""
+    ok, reason, detail = no_answer(spec.kind, spec.params, state, (False, "timeout", detail))
     return ProbeResult(
-        name=spec.name, kind=spec.kind, ok=False, reason="timeout", detail=detail, seconds=seconds
+        name=spec.name, kind=spec.kind, ok=ok, reason=reason, detail=detail, seconds=seconds
     )

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ralph_runner.actions import TaskResult
+from ralph_runner.deaths.record import RecoveryStep
 from ralph_runner.liveness import faults
 from ralph_runner.liveness.health import Health
 from ralph_runner.loop import failures
+from ralph_runner.output import step_ended
 from ralph_runner.probes import ProbeResult
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
@@ -36,7 +38,7 @@ class Outcome:
     attempts: int
     seconds: float
     reason: str | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[RecoveryStep] = field(default_factory=list)
     by: str | None = None  # healthy again with no step of ours: who (or what) brought it back
 
 
@@ -74,7 +76,7 @@ def recover(
     `emit` hears each step start (`recovery-step`) and each failed attempt with the wait
     before the next (`recovery-failed`, `retry_in` None after the last)."""
     started = time.monotonic()
-    steps: list[dict[str, Any]] = []
+    steps: list[RecoveryStep] = []
     reason = None
     for attempt in range(1, config.attempts + 1):
         failed = None
@@ -111,15 +113,13 @@ def recover(
     return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)
 
 
-def _why(result) -> str:
-    if result.timed_out:
-        return "timed out"
-    if result.cancelled:
-        return "interrupted"
-    return f"exit {result.exit_code}"
+def _why(result: TaskResult) -> str:
+    if result.cancelled and not result.timed_out:
+        return "interrupted"  # by our stop (a signal), not by a dying service
+    return step_ended(result.exit_code, result.timed_out, False) or "failed"
 
 
-def _step(attempt: int, spec: TaskSpec, result) -> dict[str, Any]:
+def _step(attempt: int, spec: TaskSpec, result) -> RecoveryStep:
     return {
         "attempt": attempt,
         "name": spec.name,

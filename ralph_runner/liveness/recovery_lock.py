@@ -59,15 +59,37 @@ def key_for(name: str | None, probe_params: list[str]) -> str:
     return " ".join(urls) or "service"
 
 
+def in_progress(key: str) -> dict | None:
+    """Who holds the service's lock now (a recovery under way, by another loop), or None.
+    A death found then is one that loop already captured, at its moment: our diagnostics
+    show its recovery, not the death, and the record says so."""
+    try:
+        fd = os.open(_path(key), os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _path(key: str) -> Path:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return directory() / f"recovery-{digest}.lock"
+
+
 @contextlib.contextmanager
 def held(key: str, me: dict, wait: float, cancel: threading.Event) -> Iterator[Waited | None]:
     """Hold the service's lock. Yields None when it was free, else who held it (we waited);
     past `wait` seconds (or cancelled) it is taken over anyway: a holder that hangs must not
     stop every loop, and the recovery's own limits bound what the holder does."""
-    folder = directory()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    fd = os.open(folder / f"recovery-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    directory().mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(_path(key), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         waited = _take(fd, wait, cancel)
         os.ftruncate(fd, 0)

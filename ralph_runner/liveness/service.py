@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import DeathLog
+from ralph_runner.deaths.record import DeathRecord, DuringRecovery, Facts, Known, Outcome
 from ralph_runner.errors import GaveUp
 from ralph_runner.liveness import diagnostics, faults, recovery, recovery_lock
 from ralph_runner.liveness.health import Health
@@ -51,7 +51,7 @@ class Service:
             self.config.lock, [str(spec.params) for spec in health.probes]
         )
 
-    def ensure_alive(self, phase: str, facts: dict[str, Any], iteration: int | None) -> None:
+    def ensure_alive(self, phase: str, facts: Facts, iteration: int | None) -> None:
         """Returns when healthy (at once) or recovered; raises GaveUp when it cannot be."""
         if not self.plan.runbook.probes:
             return
@@ -64,7 +64,7 @@ class Service:
         else:
             self.died(phase, rounds, facts)
 
-    def start(self, rounds: list[list[ProbeResult]], facts: dict[str, Any]) -> None:
+    def start(self, rounds: list[list[ProbeResult]], facts: Facts) -> None:
         """Nothing listened at the run's first check: start the service (the recovery steps)
         and record a `start`, which no death statistic counts."""
         now = time.time()
@@ -96,7 +96,7 @@ class Service:
         if not outcome.recovered:
             raise GaveUp(f"service not started: {outcome.reason}", exit_code=self.config.exit_code)
 
-    def restarted(self, phase: str, evidence: str, facts: dict[str, Any]) -> None:
+    def restarted(self, phase: str, evidence: str, facts: Facts) -> None:
         """A failed attempt during which another server came to answer (by another loop, a
         restart policy, a person): a death of its own class, no recovery (it is up again)."""
         self.died(phase, [], facts, fault=(faults.RESTARTED, evidence))
@@ -105,7 +105,7 @@ class Service:
         self,
         phase: str,
         rounds: list[list[ProbeResult]],
-        facts: dict[str, Any],
+        facts: Facts,
         *,
         fault: tuple[str, str] | None = None,
         recover: bool | None = None,
@@ -132,17 +132,25 @@ class Service:
         death = recovery.death_of(number, phase, iso_time(now), results, fault_class)
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
-        self.emit("capture", collectors=len(self.plan.runbook.collectors))
+        during = self._recovery_under_way()
+        self.emit(
+            "capture",
+            collectors=len(self.plan.runbook.collectors),
+            **({"during_recovery": during["by"]} if during else {}),
+        )
         started = time.monotonic()
         collected = diagnostics.collect(self.plan.runbook.collectors, group, variables)
-        record = {
+        rest = facts.copy()
+        rest.pop("variables", None)  # the recovery steps', not the record's
+        known: Known = rest
+        record: DeathRecord = {
             "event": "death",
             "death": number,
             "time": iso_time(now),
             "host": self.plan.host,
             "runbook": str(self.plan.runbook.path),
             "service": self.plan.variables.get("service_name", self.plan.model.name),
-            **{k: v for k, v in facts.items() if k != "variables"},
+            **known,
             "phase": phase,
             "fault": fault_class,
             "evidence": evidence,
@@ -150,6 +158,7 @@ class Service:
             "probe_rounds": len(rounds),
             "collectors": collected,
             "capture_seconds": round(time.monotonic() - started, 3),
+            **({"during_recovery": during} if during else {}),
         }
         record.update(wiring.at_death(self.plan, record))  # recorder window, signature
         self.death_log.write_death(record)
@@ -184,7 +193,7 @@ class Service:
             )
 
     @staticmethod
-    def _outcome_fields(outcome: recovery.Outcome) -> dict[str, Any]:
+    def _outcome_fields(outcome: recovery.Outcome) -> Outcome:
         return {
             "attempts": outcome.attempts,
             "recovered": outcome.recovered,
@@ -207,7 +216,13 @@ class Service:
             return recovery.Outcome(False, 0, 0.0, reason)
         if self.config.lock == "":
             return self._recover(variables)
-        me = {"pid": os.getpid(), "workdir": str(self.plan.workdir), "host": self.plan.host}
+        me = {
+            "pid": os.getpid(),
+            "workdir": str(self.plan.workdir),
+            "host": self.plan.host,
+            "records": str(self.death_log.records_path),
+            "death": self.state.deaths,
+        }
         started = time.monotonic()
         with recovery_lock.held(self.lock_key, me, self._lock_wait(), self.stop) as waited:
             # Another loop may have brought it back while we confirmed the death or waited:
@@ -218,6 +233,20 @@ class Service:
                 by = waited.text() if waited else "itself (healthy again before any step)"
                 return recovery.Outcome(True, 0, time.monotonic() - started, by=by)
             return self._recover(variables)
+
+    def _recovery_under_way(self) -> DuringRecovery | None:
+        """Another loop's recovery of this service, when one holds the lock now."""
+        if self.config.lock == "":
+            return None
+        holder = recovery_lock.in_progress(self.lock_key)
+        if holder is None:
+            return None
+        during: DuringRecovery = {"by": recovery_lock.Waited(holder, 0.0).text()}
+        if isinstance(holder.get("records"), str):
+            during["records"] = holder["records"]
+        if isinstance(holder.get("death"), int):
+            during["death"] = holder["death"]
+        return during
 
     def _recover(self, variables: dict) -> recovery.Outcome:
         group = tasks.TaskGroup(self.plan)  # recovery steps run on the target host

@@ -23,11 +23,11 @@ same way. Deaths never count: an attempt that saw one is retried, not compared.
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
 from ralph_runner.durable.redaction import Redactor
+from ralph_runner.output import step_ended
 
 TAIL_LINES = 20
 TAIL_BYTES = 2048
@@ -86,21 +86,9 @@ def status_text(
     output: str = "",
     stalled: str | None = None,
 ) -> str:
-    """How a step ended, in words: never "exit None"."""
-    if cancelled:
-        return "killed (service died)"
-    if timed_out:
-        return "timed out"
-    if stalled:
-        return f"stalled ({stalled})"
-    if exit_code is not None:
-        if 128 < exit_code <= 128 + 64:
-            try:
-                return f"exit {exit_code} ({signal.Signals(exit_code - 128).name})"
-            except ValueError:
-                pass
-        return f"exit {exit_code}"
-    return shorten(clean(output).replace("\n", "; ")) or "failed"
+    """How a step ended, in words: never "exit None" (no exit code: what its output says)."""
+    ended = step_ended(exit_code, timed_out, cancelled, stalled)
+    return ended or shorten(clean(output).replace("\n", "; ")) or "failed"
 
 
 # A line that explains a failure: a Python exception or an `Error:`-like line. The first one

@@ -26,6 +26,8 @@ from email.utils import parsedate_to_datetime
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ralph_runner.output import shorten, span
+
 ResetKind = Literal["epoch", "duration", "retry-after", "clock", "none"]
 EVIDENCE_CHARS = 200
 COUNTDOWN_EVERY = 60.0  # seconds between two countdown lines of one wait
@@ -142,7 +144,9 @@ def find(output: str, extra: Iterable[Pattern] = (), now: float | None = None) -
                 reset_at = reset_time(found.group("reset") or "", candidate.reset, now)
             if reset_at is None:
                 reset_at = _reset_in(lines, now)
-            return Limit(reset_at, _shorten(line), candidate.source)
+            return Limit(
+                reset_at, shorten(" ".join(line.split()), EVIDENCE_CHARS), candidate.source
+            )
     return None
 
 
@@ -306,23 +310,6 @@ def stop_message(limit: Limit, wait: Wait, since: float, max_wait: float) -> str
     )
 
 
-def span(seconds: float) -> str:
-    """A wait in words: "3 h 12 min", "45 s"."""
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    if minutes:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    return f"{secs} s"
-
-
 def when(epoch: float) -> str:
     """An epoch as local ISO time, to the second: what a person reads in messages."""
     return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
-
-
-def _shorten(line: str) -> str:
-    line = " ".join(line.split())
-    return line if len(line) <= EVIDENCE_CHARS else line[: EVIDENCE_CHARS - 1] + "…"

@@ -14,6 +14,17 @@ running agent step instead, the way SIGTERM does (`execute.kill_all`: its proces
 then KILL), and ends the iteration there, before anything counts it: no strike, no retry, the
 item stays `- [ ]` and is the next one taken after `resume`. A file left behind (the loop
 ended, or was stopped, while paused) holds the next run before its first iteration.
+
+The runbook's `pause:` block runs once when the wait begins (e.g. stop the server: a paused
+loop then holds no GPU), its `resume:` block once when the file goes, before the next
+iteration; both are tasks as recovery steps are, run on the target host (a failing one ends its
+block unless `ignore_errors`). A failed pause block leaves the loop paused, the failure an event
+and in status.json: no death, no strike. After either block ran, the service is checked at
+resume (not at the next iteration, where a new server's restart would read as someone else's
+during the attempt), and a server the pause block stopped is *not running*, not dead: nothing
+listening is started by the recovery steps and recorded as a `start`, as at a run's first check;
+any other failure is a death as usual. A failed resume block is reported and the loop goes on
+to that check.
 """
 
 from __future__ import annotations
@@ -25,21 +36,27 @@ import socket
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, Interrupted, Problem
+from ralph_runner.loop import failures
 from ralph_runner.loop.state import STATE_DIR
 from ralph_runner.process import execute
 
 if TYPE_CHECKING:
+    from ralph_runner.actions import TaskResult
     from ralph_runner.loop.checklist import Item
     from ralph_runner.loop.runner import Runner
+    from ralph_runner.runbook.loader import TaskSpec
 
 CONTROL = "pause"  # .ralph/pause
 POLL = 0.5  # seconds between looks at the control file
 PHASE = "paused"  # the loop's phase while it waits
+RESUMING = "resuming"  # ... while the `resume:` block and the check after it run
+CHECK_PHASE = "resume"  # the phase of the service check at resume (a death's `phase`)
 
 
 def control_path(workdir: Path) -> Path:
@@ -98,6 +115,16 @@ def read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {"now": False}
 
 
+@dataclass
+class Block:
+    """A `pause:` or `resume:` block's run, as status.json shows it while it matters."""
+
+    which: Literal["pause", "resume"]
+    state: Literal["running", "done", "failed"] = "running"
+    error: str | None = None  # why it failed: the step and how it ended
+    ran: int = 0  # steps that ran (not skipped by their `when:`)
+
+
 class PausedNow(Interrupted):
     """`pause --now` while a step ran: its tree was killed; the iteration ends, uncounted."""
 
@@ -121,6 +148,8 @@ class _Control:
         self.requested: dict[str, Any] | None = None  # a request seen during an iteration
         self.since: float | None = None  # epoch when the wait began; None when not paused
         self.killed: str | None = None  # the step --now killed, until the wait ends
+        self.resuming = False  # the `resume:` block and the check after it run
+        self.block: Block | None = None  # the block of the pause (or resume) in hand
         runner.output.subscribe(self._on_event)
 
     def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
@@ -150,7 +179,10 @@ class _Control:
         self.killed = None  # a --now that came after the last step: the iteration settled
 
     def hold(self, wanted: dict[str, Any]) -> None:
+        """Wait while the control file is there: the `pause:` block when the wait begins, the
+        `resume:` block and a look at the service when it ends."""
         runner, st = self.runner, self.runner.state
+        book = runner.plan.runbook
         self.since, self.requested = time.time(), wanted
         st.phase = PHASE
         try:
@@ -163,16 +195,95 @@ class _Control:
                 by=wanted.get("by"),
             )
             runner._save(status_only=True)
+            stopped = self._block("pause", book.pause_steps).ran > 0
             while read(self.path) is not None:
                 runner.signals.raise_pending()
                 if runner.stop.wait(POLL):
                     return
             seconds = round(time.time() - self.since, 3)
         finally:
-            self.since, self.requested, self.killed = None, None, None
+            self.since, self.requested, self.killed, self.block = None, None, None, None
+        st.phase, self.resuming = RESUMING, True
+        try:
+            runner.output.event("resumed", iteration=st.iteration, seconds=seconds)
+            runner._save(status_only=True)
+            resumed = self._block("resume", book.resume_steps)
+            if stopped or resumed.ran:
+                self._check_service(stopped, resumed)
+        finally:
+            self.resuming, self.block = False, None
         st.phase = None
-        runner.output.event("resumed", iteration=st.iteration, seconds=seconds)
         runner._save(status_only=True)
+
+    # -- the runbook's `pause:` and `resume:` blocks ----------------------------------
+    def _block(self, which: Literal["pause", "resume"], specs: list[TaskSpec]) -> Block:
+        """Run one block once: its steps in order, each as a recovery step runs (on the target
+        host, its keywords and templates), a failing one ending the block unless it ignores
+        errors. Its failure is reported, never raised: no death, no strike, no end of the run."""
+        from ralph_runner.runbook import tasks  # the loop's only: `ralph-run pause` needs none
+
+        block = Block(which)
+        if not specs:
+            return block
+        runner = self.runner
+        self.block = block
+        runner._save(status_only=True)
+        started = time.monotonic()
+        group = tasks.TaskGroup(runner.plan)
+        variables = self._variables(which)
+        for spec in specs:
+            try:
+                if not tasks.should_run(spec, group, variables):
+                    skipped = f"when: {spec.task.when}"
+                    runner.output.event(f"{which}-step", step=spec.name, skipped=skipped)
+                    continue
+                runner.output.event(f"{which}-step", step=spec.name)
+                block.ran += 1
+                result = tasks.run(spec, group, variables, runner.stop)
+            except FatalError as exc:  # a template error: the runbook's to fix, the block's end
+                block.error = f"step {spec.name!r}: {exc}"
+                break
+            runner.signals.raise_pending()
+            if not result.ok and not spec.task.ignore_errors:
+                block.error = _failure(spec, result)
+                break
+        block.state = "failed" if block.error else "done"
+        runner._counts = None  # a step may have changed the checklist
+        runner.output.event(
+            f"{which}-steps",
+            ok=block.error is None,
+            ran=block.ran,
+            seconds=round(time.monotonic() - started, 3),
+            error=block.error,
+        )
+        runner._save(status_only=True)
+        return block
+
+    def _variables(self, which: str) -> dict[str, Any]:
+        """What the blocks' templates see: the runbook's variables and the loop's counts; no
+        `item` (none is in hand) and no `death`."""
+        runner, st = self.runner, self.runner.state
+        return {
+            **runner.plan.variables,
+            "iteration": st.iteration,
+            "deaths": st.deaths,
+            "checklist": runner._checklist_counts().as_dict(),
+            "phase": which,
+        }
+
+    def _check_service(self, stopped: bool, resumed: Block) -> None:
+        """The service after the blocks, before the next iteration: a server the pause block
+        stopped is started (a `start`, no death) when nothing listens; one the resume block
+        started first gets `recovery.healthy_within` to answer, as after a recovery's steps."""
+        runner = self.runner
+        if not runner.plan.runbook.probes:
+            return
+        if stopped:
+            runner.service.checked = False  # not running, not dead: as at a run's first check
+        if resumed.ran and resumed.error is None:
+            within = runner.model.recovery.healthy_within
+            runner.health.wait_healthy(within, cancel=runner.stop)
+        runner._ensure_alive(CHECK_PHASE)
 
     def _end_watch(self, done: threading.Event, watch: threading.Thread) -> None:
         """Stop the watch; a --now it set that no step boundary raised is dropped."""
@@ -209,15 +320,19 @@ class _Control:
     def fields(self) -> dict[str, Any]:
         st = self.runner.state
         pause: dict[str, Any] | None = None
-        wanted = self.requested
-        if self.since is not None or wanted is not None:
+        wanted, block = self.requested, self.block
+        if self.since is not None or wanted is not None or self.resuming:
+            state = "paused" if self.since is not None else "pausing"
             pause = {
-                "state": "paused" if self.since is not None else "pausing",
+                "state": RESUMING if self.resuming else state,
                 "since": self.since,
                 "requested": (wanted or {}).get("requested"),
                 "now": bool((wanted or {}).get("now")),
                 "by": (wanted or {}).get("by"),
                 "killed_step": self.killed,
+                # the pause block while paused, the resume block while resuming; None: none
+                "steps": block.state if block else None,
+                "steps_error": block.error if block else None,
             }
         return {
             "paused": self.since is not None,
@@ -225,6 +340,18 @@ class _Control:
             "step_started": self.step_started if st.phase else None,
             "attempts": st.strikes.get(st.current_item, 0) if st.current_item else 0,
         }
+
+
+def _failure(spec: TaskSpec, result: TaskResult) -> str:
+    """A failed step of a block in a line: which, how it ended and what it said."""
+    if result.cancelled:
+        how = "interrupted"
+    else:
+        how = failures.status_text(result.exit_code, result.timed_out, False, result.output)
+    output = failures.clean(result.output)
+    lines = [line for line in output.split("\n") if line.strip()]
+    said = failures.explaining_line(output) or (lines[-1] if lines else None)
+    return f"step {spec.name!r} failed ({how})" + (f": {failures.shorten(said)}" if said else "")
 
 
 _controls: weakref.WeakKeyDictionary[Runner, _Control] = weakref.WeakKeyDictionary()

@@ -12,6 +12,7 @@ from typing import Any
 
 from ralph_runner.actions import KINDS, TaskResult
 from ralph_runner.deaths import wiring
+from ralph_runner.deaths.record import Facts, StepEntry
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Interrupted, Limited
 from ralph_runner.liveness.service import Service
@@ -58,7 +59,7 @@ class Runner:
         self.before: git.Snapshot | None = None  # the work tree when the iteration began
         self.after: git.Snapshot | None = None  # ... when verify looked at it
         self.known: git.Snapshot | None = None  # ... at the end of the last iteration, if known
-        self.failed_step: dict[str, Any] | None = None  # the iteration's failed or killed step
+        self.failed_step: StepEntry | None = None  # the iteration's failed or killed step
         self._partial_line = ""
         self.signals = execute.InterruptsRaise()
         # The checklist's counts for status.json and death records, read again only after
@@ -207,7 +208,7 @@ class Runner:
             on_output=self._show_output if self.output.verbose else None,
             idle=idle.watches(self.plan, self.health, self.store.dir),
         )
-        failed: dict[str, Any] | None = None
+        failed: StepEntry | None = None
         agent_seconds, after_verify = 0.0, False
         restarts_before = self.health.restarts()[0]
         for spec in self.plan.runbook.loop_steps:
@@ -252,7 +253,7 @@ class Runner:
                 return
             self._ensure_alive("after-failure")
 
-    def _step_record(self, spec: TaskSpec, result: TaskResult) -> dict[str, Any]:
+    def _step_record(self, spec: TaskSpec, result: TaskResult) -> StepEntry:
         """A failed or killed step as reports show it: how it ended and its last words."""
         status = failures.status_text(
             result.exit_code, result.timed_out, result.cancelled, result.output, result.stalled
@@ -265,7 +266,7 @@ class Runner:
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "killed": result.cancelled,
-            **({"stalled": True} if result.stalled else {}),
+            **(StepEntry(stalled=True) if result.stalled else StepEntry()),
             "output_tail": tail,
             "reason": failures.reason(spec.name, status, tail, from_process),
             "from_process": from_process,
@@ -311,7 +312,7 @@ class Runner:
     def _settle(
         self,
         item: checklist.Item,
-        failed: dict[str, Any] | None,
+        failed: StepEntry | None,
         died: bool,
         agent_seconds: float,
     ) -> None:
@@ -395,9 +396,7 @@ class Runner:
             st.limited = None
         return True
 
-    def _failure(
-        self, item: checklist.Item, failed: dict[str, Any], agent_seconds: float
-    ) -> Failure:
+    def _failure(self, item: checklist.Item, failed: StepEntry, agent_seconds: float) -> Failure:
         """The attempt as the broken-agent rule compares it (see failures.py)."""
         untouched = False
         if agent_seconds < failures.AT_ONCE_SECONDS and self.before is not None:
@@ -488,11 +487,18 @@ class Runner:
 
     def _ensure_alive(self, phase: str, context: dict[str, Any] | None = None) -> None:
         self.state.phase = phase
-        facts = {**self._facts(), **({"context": context} if context else {})}
+        facts = self._facts()
+        if context:
+            facts["context"] = context
         deaths = self.state.deaths
         self.service.ensure_alive(phase, facts, self.state.iteration)
         if self.state.deaths != deaths:
             self._counts = None  # recovery steps ran
+
+    @property
+    def item_in_hand(self) -> str | None:
+        """The checklist item this iteration works on, for verify."""
+        return self.state.current_item
 
     def look_at_tree(self) -> git.Snapshot | None:
         """The work tree now, for verify; kept as what the next iteration starts from."""
@@ -536,13 +542,13 @@ class Runner:
             self._counts = checklist.counts(checklist.read(self.checklist_path))
         return self._counts
 
-    def _facts(self) -> dict[str, Any]:
+    def _facts(self) -> Facts:
         variables = self.iteration_vars
         counts = self._checklist_counts()
         return {
             "iteration": self.state.iteration,
             "item": variables.get("item"),
-            **({"step": self.failed_step} if self.failed_step else {}),
+            **(Facts(step=self.failed_step) if self.failed_step else Facts()),
             "prompt_size": variables.get("prompt_size"),
             "prompt_bytes": variables.get("prompt_bytes"),
             "checklist": counts.as_dict(),

@@ -7,7 +7,13 @@ A module in this package is a probe kind when it defines:
     def check(params, ctx: ProbeContext) -> tuple[bool, str | None, str]   # ok, reason, detail
 
 `check` may raise: `run_probe` times every check and turns an exception into a failed result
-(`classify`), so one place decides what "refused" and "timeout" mean.
+(`classify`), so one place decides what "refused" and "timeout" mean. A kind may also define
+
+    def unanswered(params, state) -> tuple[bool, str | None, str] | None
+
+what a check that did not answer in time means, from the probe's memory (`ctx.state`); None
+(or no such function) is an ordinary timeout. The progress probe says "busy" there while the
+work it saw last is within its stall window: a CPU-starved server answers /metrics late.
 
 Probes run on the controller: HTTP and TCP probes connect from here, and the process and gpu
 probes look at this machine; only the command probe runs on the host's connection.
@@ -16,10 +22,10 @@ probes look at this machine; only the command probe runs on the host's connectio
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import httpx
 
@@ -30,6 +36,17 @@ if TYPE_CHECKING:
 
 REASONS = ("refused", "timeout", "status", "body", "error", "stalled")
 EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail
+
+
+class ProbeEntry(TypedDict):
+    """A ProbeResult as death records and `ralph-run probe --json` hold it."""
+
+    name: str
+    kind: str
+    ok: bool
+    reason: str | None
+    detail: str
+    seconds: float
 
 
 @dataclass
@@ -43,8 +60,15 @@ class ProbeResult:
     detail: str
     seconds: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 3)}
+    def as_dict(self) -> ProbeEntry:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "ok": self.ok,
+            "reason": self.reason,
+            "detail": self.detail,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 @dataclass
@@ -123,6 +147,8 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
         ok, reason, detail = KINDS[kind].check(params, ctx)
     except Exception as exc:
         ok, (reason, detail) = False, classify(exc, ctx.timeout)
+        if reason == "timeout":
+            ok, reason, detail = no_answer(kind, params, ctx.state, (ok, reason, detail))
     return ProbeResult(
         name=name,
         kind=kind,
@@ -131,6 +157,19 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
         detail=detail,
         seconds=time.monotonic() - started,
     )
+
+
+def no_answer(
+    kind: str, params: Any, state: dict[str, Any], timed_out: tuple[bool, str | None, str]
+) -> tuple[bool, str | None, str]:
+    """The verdict on a check that did not answer in time: the kind's own reading of it
+    (`unanswered`), else `timed_out` as it is."""
+    reading = getattr(KINDS[kind], "unanswered", None)
+    verdict = reading(params, state) if reading is not None else None
+    if verdict is None:
+        return timed_out
+    ok, reason, detail = verdict
+    return ok, reason, f"{timed_out[2]}; {detail}"
 
 
 KINDS: dict[str, ModuleType] = plugins.discover(

@@ -81,7 +81,7 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
         return seen
     state, now = ctx.state, time.monotonic()
     last, last_motion = state.get("total"), state.get("motion")
-    state["total"], state["motion"] = seen.total, seen.motion
+    state["total"], state["motion"], state["active"] = seen.total, seen.motion, seen.active
     if restarted(state, seen, last):
         state["waiting_since"] = None
     if seen.sleeping:
@@ -140,6 +140,16 @@ def without_tokens(params: Params, state: dict, active: float, note: str = "") -
     return False, "stalled", f"no token for {quiet:.1f} s while {active:g} requests active"
 
 
+def unanswered(params: Params, state: dict) -> Verdict | None:
+    """/metrics did not answer in time. With work active at its last answer, the server may be
+    starved rather than hung (a CPU engine generating on two cores kept its API server from
+    answering /metrics for over 10 s, measured): busy until `stall_after` s without progress,
+    then stalled, as when it answers with numbers that stand still. Else an ordinary timeout."""
+    if not state.get("active"):
+        return None
+    return without_tokens(params, state, state["active"])
+
+
 def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
     """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled."""
     within = max(deadline - time.monotonic() - reserve(ctx), reserve(ctx))
@@ -148,7 +158,7 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     try:
         ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))
     except httpx.TimeoutException:
-        return unanswered(params, ctx, deadline, before, (sent, within))
+        return canary_unanswered(params, ctx, deadline, before, (sent, within))
     took = time.monotonic() - sent
     if not ok:
         return False, reason, detail
@@ -160,7 +170,7 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
 
 
-def unanswered(
+def canary_unanswered(
     params: Params, ctx: ProbeContext, deadline: float, before: Scrape, canary: tuple[float, float]
 ) -> Verdict:
     """No token for our canary. Work that came meanwhile may hold the engine: busy if tokens
@@ -172,7 +182,7 @@ def unanswered(
     if not isinstance(again, Scrape):
         return again
     state = ctx.state
-    state["total"] = again.total
+    state["total"], state["active"] = again.total, again.active
     if again.total > before.total:  # our canary waits behind that work, so work is active
         state["waiting_since"] = time.monotonic()
         gained = again.total - before.total

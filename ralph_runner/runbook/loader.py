@@ -72,6 +72,9 @@ class LoadedRunbook:
     collectors: list[TaskSpec]
     recovery_steps: list[TaskSpec]
     probes: list[ProbeSpecRaw]
+    # `pause:` and `resume:` (loop/pause.py): tasks as recovery steps are, run at a pause
+    pause_steps: list[TaskSpec] = field(default_factory=list)
+    resume_steps: list[TaskSpec] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -106,6 +109,8 @@ def load(path: str | Path) -> LoadedRunbook:
             for i, probe in enumerate(model.health.probes)
             for kind in [schema.probe_kind(probe)]
         ],
+        pause_steps=expand(model.pause, ("pause",)),
+        resume_steps=expand(model.resume, ("resume",)),
     )
     problems += _loop_only_outside_the_loop(loaded)
     problems += _idle_timeout_misplaced(loaded)
@@ -116,9 +121,9 @@ def load(path: str | Path) -> LoadedRunbook:
 
 
 def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
-    """`verify` and `ensure_alive` need the loop: in a capture or a recovery they are a
-    mistake, reported at their line (an included file's line, if it came from one)."""
-    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    """`verify` and `ensure_alive` need the loop: in a capture, a recovery or a pause block
+    they are a mistake, reported at their line (an included file's line, if it came from one)."""
+    sections = _task_sections(loaded)
     return [
         replace(
             spec.where,
@@ -130,13 +135,23 @@ def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:
     ]
 
 
+def _task_sections(loaded: LoadedRunbook) -> dict[str, list[TaskSpec]]:
+    """The task lists outside `loop.steps`, by the key path their errors name."""
+    return {
+        "diagnostics.collect": loaded.collectors,
+        "recovery.steps": loaded.recovery_steps,
+        "pause": loaded.pause_steps,
+        "resume": loaded.resume_steps,
+    }
+
+
 IDLE_KINDS = ("shell", "command")  # the actions that run a command an idle_timeout can watch
 
 
 def _idle_timeout_misplaced(loaded: LoadedRunbook) -> list[Problem]:
     """`idle_timeout` watches a loop step's command (the agent): on a collector, a recovery
     step or an action that runs no command it would mean nothing, so it is refused at its line."""
-    sections = {"diagnostics.collect": loaded.collectors, "recovery.steps": loaded.recovery_steps}
+    sections = _task_sections(loaded)
     problems = [
         replace(
             spec.where_of("idle_timeout"),

@@ -295,6 +295,9 @@ class Notify(Model):
 
     to: list[NotifyTarget] = []
     deadman: str | None = None  # healthchecks.io-style URL: /start, pinged each iteration, /<code>
+    # seconds between the switch's pings while the loop waits (paused, a usage limit): a night
+    # of pause is no dead loop; set it below your check's period
+    deadman_every: PositiveFloat = 60.0
     timeout: PositiveFloat = 10.0  # seconds per attempt
     retries: NonNegativeInt = 2
 
@@ -315,6 +318,12 @@ class Runbook(Model):
     recorder: Recorder | None = None
     limits: Limits = Limits()
     loop: Loop
+    # tasks run once when a `ralph-run pause` takes effect (e.g. stop the server to free the
+    # GPU); a failing one leaves the loop paused, with the failure in status (no death)
+    pause: list[TaskEntry] = []
+    # tasks run once at `ralph-run resume`, before the next iteration (e.g. start it again);
+    # then the service is checked: one the pause block stopped is started if down, no death
+    resume: list[TaskEntry] = []
 
 
 class CollectorSet(Model):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_runner import actions
-from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.actions import LoopRuntime, TaskContext, TaskResult
 from ralph_runner.process.connection import Connection
 from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT, IdleWatch
 from ralph_runner.runbook.loader import TaskSpec
@@ -27,7 +27,7 @@ class TaskGroup:
     cwd: Path | None = None
     timeout: float | None = None  # default when the task gives none
     max_output: int = DEFAULT_MAX_OUTPUT
-    run: Any = None  # the loop runtime, for ensure_alive and verify
+    run: LoopRuntime | None = None  # the loop, for its LOOP_ONLY actions (ensure_alive, verify)
     on_output: Callable[[str], None] | None = None  # live output of the tasks' commands
     # the watch of a task's `idle_timeout` (seconds -> IdleWatch): the loop's (loop/idle.py);
     # None elsewhere. Local commands only: over ssh the CPU and files are not here to watch.

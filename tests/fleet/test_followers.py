@@ -17,6 +17,8 @@ from e2e_helpers import Scenario, make_workspace, runbook
 from prometheus_client.parser import text_string_to_metric_families
 from standin_helpers import wait_for
 
+from ralph_runner.loop import pause
+
 pytestmark = pytest.mark.timeout(90)
 
 ITEMS = ["add the road", "add the car"]
@@ -160,6 +162,27 @@ def test_notifications_and_the_dead_mans_switch_reach_their_receivers(
     paths = switch.paths()
     assert paths[0] == "/ping/abc/start" and paths[-1] == "/ping/abc/0", paths
     assert paths.count("/ping/abc") == 3  # one per iteration
+
+
+def test_the_switch_is_kept_alive_while_the_loop_is_paused(
+    scenario: Scenario, receivers: list[Receiver]
+) -> None:
+    """No iteration ends during a pause: the switch still hears from the loop, every
+    `deadman_every` s, and stops hearing once it is no longer paused but working."""
+    switch = Receiver()
+    receivers.append(switch)
+    notify = {"deadman": f"http://127.0.0.1:{switch.port}/ping", "deadman_every": 0.3}
+    prepare(scenario, notify=notify)
+    run = scenario.start()
+    run.wait_agent(1)
+    pause.request(scenario.workspace)
+    run.wait_event("paused")
+    at_pause = switch.paths().count("/ping")
+    wait_for(lambda: switch.paths().count("/ping") >= at_pause + 3, 10, "pings while paused")
+    assert pause.release(scenario.workspace)
+    assert run.wait() == 0, run.stderr
+    paths = switch.paths()
+    assert paths[0] == "/ping/start" and paths[-1] == "/ping/0", paths
 
 
 def test_a_receiver_that_never_answers_never_delays_the_loop(

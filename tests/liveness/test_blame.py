@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
-from standin_helpers import START_SCRIPT, StandIn, wait_for
+from standin_helpers import ROOT, START_SCRIPT, StandIn, wait_for
 
+from ralph_runner.liveness import recovery_lock
 from ralph_runner.probes.progress import metric_sum
 
 pytestmark = pytest.mark.timeout(120)
@@ -162,3 +164,44 @@ def _three_loops(tmp_path: Path, server: StandIn) -> None:
     assert len(ran) == 1 and len(waited) == 2, recoveries
     assert all(r["recovered"] and "the loop of pid" in r["by"] for r in waited), waited
     assert all(Path(work, "CHECKLIST.md").read_text().count("- [x]") == 2 for work in works)
+    # A death found while another loop's recovery was under way names that loop's record.
+    (holder,) = [work for work, r in zip(works, recoveries, strict=True) if r["attempts"] >= 1]
+    for work in works:
+        death = json.loads((work / "logs" / "deaths.jsonl").read_text().splitlines()[0])
+        if "during_recovery" in death:
+            during = death["during_recovery"]
+            assert Path(during["records"]) == holder / "logs" / "deaths.jsonl", during
+            assert during["death"] == 1 and str(holder) in during["by"], during
+
+
+def test_a_recovery_under_way_is_seen_with_its_holder(tmp_path, monkeypatch):
+    """recovery_lock.in_progress: who holds the service's lock, read by another process; None
+    once the holder's recovery is over (or it died: the kernel drops its flock)."""
+    monkeypatch.setenv("RALPH_LOCK_DIR", str(tmp_path))
+    assert recovery_lock.in_progress("svc") is None  # no lock file yet
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "svc"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        seen = recovery_lock.in_progress("svc")
+        assert seen is not None and seen["pid"] == holder.pid and seen["death"] == 4, seen
+        assert recovery_lock.in_progress("other service") is None
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert recovery_lock.in_progress("svc") is None
+
+
+HOLDER = """
+import sys, threading
+from ralph_runner.liveness import recovery_lock
+me = {"pid": __import__("os").getpid(), "workdir": "/w", "records": "/w/d.jsonl", "death": 4}
+with recovery_lock.held(sys.argv[1], me, 5.0, threading.Event()):
+    print("held", flush=True)
+    sys.stdin.read()
+"""

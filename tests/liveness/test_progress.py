@@ -149,6 +149,31 @@ def test_hang_with_a_request_active_is_stalled_after_stall_after(engine, prober)
     assert engine.completions == 0  # requests active: no canary needed, none sent
 
 
+def test_metrics_late_while_work_is_active_is_busy_until_stall_after(engine, client):
+    """A server too starved to answer /metrics in time while it generates (a CPU engine on two
+    cores): busy within the stall window from the last progress seen, then stalled. With no
+    work seen at the last answer, a late /metrics is an ordinary timeout."""
+    prober = Prober(client, params_for(engine, stall_after=3.0))  # a late check takes 1 s
+    engine.running = 1
+    prober.check()
+    engine.generation_tokens += 5
+    last_token_seen = time.monotonic()
+    assert prober.check().detail.startswith("progress: +5 tokens")
+    engine.metrics_delay = 2 * prober.ctx.timeout
+    late = prober.check()
+    assert verdict(late) == (True, None), late.detail
+    assert late.detail.startswith("timed out after 1s (read)") and "busy: 1 active" in late.detail
+    while (result := prober.check()).ok:
+        assert time.monotonic() - last_token_seen < prober.params.stall_after + 2 + MARGIN
+    assert result.reason == "stalled" and "no token for" in result.detail, result.detail
+
+    idle = Prober(client, params_for(engine))
+    engine.metrics_delay, engine.running = 0.0, 0
+    idle.check()
+    engine.metrics_delay = 2 * idle.ctx.timeout
+    assert verdict(idle.check()) == (False, "timeout")
+
+
 def test_an_unanswered_canary_with_tokens_moving_meanwhile_is_busy(engine, prober):
     """Idle at the scrape; then work arrives and takes the engine: the canary waits in its
     queue, but tokens move: busy, not stalled."""

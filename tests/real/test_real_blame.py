@@ -1,6 +1,6 @@
 """Issue 19 on the real vLLM, with runbooks/vllm-local.yaml's probes as shipped: a hang is found
 within the 29 s bound also before the agent's request generates, and a long prefill (no token
-counter moves for its whole length) and a long generation are no death.
+counter moves for its whole length), a long generation and a queue behind one are no death.
 """
 
 from __future__ import annotations
@@ -13,8 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from real_helpers import SERVED_NAME, Engine
-from test_real_loops import AGENT_STEP, HANG_BOUND, LOAD_MARGIN, RUN_TIMEOUT, STALL_AFTER, Loop
+from real_helpers import SERVED_NAME, Engine, LongGeneration, wait_until
+from test_real_loops import (
+    AGENT_STEP,
+    HANG_BOUND,
+    LOAD_MARGIN,
+    RUN_TIMEOUT,
+    STALL_AFTER,
+    WATCH,
+    Loop,
+)
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 PREFILL_TOKENS = 48000  # ~50 s on the slow model here (30,000: ~19 s)
@@ -59,7 +67,7 @@ def test_a_hang_before_the_agents_request_is_found_within_the_bound(
 
 
 def test_a_long_prefill_and_a_long_generation_are_no_death(
-    slow_engine: Engine, tmp_path: Path
+    healthy_engine: Engine, tmp_path: Path
 ) -> None:
     """The agent sends a 48,000-token prompt (its prefill outlasts stall_after several times
     over, and no token counter moves until it ends), then generates for 70 s, then does its
@@ -69,12 +77,12 @@ def test_a_long_prefill_and_a_long_generation_are_no_death(
     generate = {"model": SERVED_NAME, "prompt": "go", "max_tokens": 40000, "ignore_eos": True}
     agent = " && ".join(
         [
-            curl(slow_engine, "/completions", prefill, 400, timing),
-            curl(slow_engine, "/completions", generate, GENERATION_SECONDS, timing),
-            shlex.join(standin_agent(slow_engine)),
+            curl(healthy_engine, "/completions", prefill, 400, timing),
+            curl(healthy_engine, "/completions", generate, GENERATION_SECONDS, timing),
+            shlex.join(standin_agent(healthy_engine)),
         ]
     )
-    loop = Loop(tmp_path, slow_engine, ["long prompt"], think=False, agent=agent)
+    loop = Loop(tmp_path, healthy_engine, ["long prompt"], think=False, agent=agent)
     run = loop.run
     try:
         code = run.wait(RUN_TIMEOUT + 300)
@@ -90,3 +98,32 @@ def test_a_long_prefill_and_a_long_generation_are_no_death(
     assert len(seconds) == 2 and seconds[1] >= GENERATION_SECONDS - 5, seconds
     steps = run.of("step-done", step=AGENT_STEP)
     assert [s["ok"] for s in steps] == [True]
+
+
+def test_busy_engine_is_no_death(healthy_engine: Engine, tmp_path: Path) -> None:
+    """--max-num-seqs 1 and a long generation in flight: the agent's request waits in the queue
+    for longer than stall_after + watch, the canary is never sent; tokens move, so no death.
+    On the 8-layer model: the tiny one's 30,000 tokens took 6 s on a quiet machine, and the
+    queue ended before the checks could see it (a CI rehearsal)."""
+    loop_items = ["busy one", "busy two"]
+    with LongGeneration(healthy_engine.url, max_tokens=30000) as busy:
+        loop = Loop(tmp_path, healthy_engine, loop_items, think=False)
+        loop.run.wait_agent(1, timeout=120)
+
+        def queued() -> bool:
+            assert busy.error is None, f"the long generation failed: {busy.error!r}"
+            return healthy_engine.metrics().get("vllm:num_requests_waiting", 0) >= 1
+
+        wait_until(queued, 30, "the agent's request to queue behind the long generation")
+        queued_at = time.monotonic()
+        # stall_after + watch + a confirm round: several watch checks see only a queue.
+        wait_until(lambda: time.monotonic() - queued_at > STALL_AFTER + WATCH + 2, 60, "a queue")
+        assert loop.run.status()["phase"] == AGENT_STEP, "the agent was not kept waiting"
+        assert not loop.run.of("death"), loop.run.of("death")
+        assert busy.error is None and busy.chunks > 0
+    code = loop.finish()
+    assert code == 0, f"exit {code}: {loop.run.events[-5:]} {loop.run.stderr[-2000:]}"
+    assert loop.marks() == ["x", "x"]
+    assert not loop.run.of("death") and loop.records("death") == []
+    assert loop.strikes() == {}
+    assert not loop.agents_left()

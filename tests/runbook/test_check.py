@@ -88,3 +88,29 @@ def test_schema_command_prints_json_schema():
     assert schema["title"] == "ralph-run runbook"
     assert {"loop", "health", "diagnostics", "recovery"} <= set(schema["properties"])
     assert "loop" in schema["required"]
+
+
+def test_check_renders_the_pause_blocks_and_fails_on_an_unknown_name(tmp_path):
+    """The shipped vllm.yaml's commented pause/resume example, uncommented, renders; a name no
+    variable defines fails at --check, not when the loop first pauses."""
+    lines = (ROOT / "runbooks/vllm.yaml").read_text().splitlines()
+    start = lines.index("# pause:")
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
+    block = [line[2:] if line.startswith("# ") else line[1:] for line in lines[start:end]]
+    runbook = tmp_path / "vllm.yaml"
+    text = "\n".join([*lines[:start], *block, *lines[end:]])
+    runbook.write_text(text)
+    done = subprocess.run(
+        [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (plan,) = json.loads(done.stdout)
+    assert plan["pause"] == [
+        {"name": "stop vLLM", "shell": "docker stop -t 30 vllm-spark-head", "timeout": 60.0}
+    ]
+    assert [step["name"] for step in plan["resume"]] == ["start vLLM"]
+
+    runbook.write_text(text.replace("docker stop -t 30 {{ container }}", "stop {{ contaner }}"))
+    done = subprocess.run([*RALPH, str(runbook), "--check"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "contaner" in done.stderr and "pause" in done.stderr, done.stderr

@@ -174,6 +174,18 @@ CASES = {
         "undefined variable 'ready'",
     ),
     "secrets not a list": (GOOD + "secrets: token\n", 14, "secrets", "valid list"),
+    "unknown key in a pause step": (
+        GOOD + "pause:\n  - name: stop vLLM\n    shel: docker stop vllm\n",
+        16,
+        "pause[0].shel",
+        "did you mean 'shell'",
+    ),
+    "a loop step in the resume block": (
+        GOOD + "resume:\n  - name: x\n    verify: {}\n",
+        16,
+        "resume[0].verify",
+        "not in resume",
+    ),
 }
 
 

@@ -1,0 +1,167 @@
+"""The records of a death log's JSONL twin, their shape declared once.
+
+liveness/service.py builds them, deaths/log.py writes them and reads them back, and the tables,
+signatures and report read their keys. A record read back may come from an older ralph-run or a
+hand, so every key is optional (`total=False`) and readers `.get()` them; the keys and their
+order are the on-disk format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard
+
+if TYPE_CHECKING:  # the probes package imports every probe kind: not for reading records
+    from ralph_runner.probes import ProbeEntry
+
+
+class ItemEntry(TypedDict, total=False):
+    """The checklist item in hand (the loop's `item` variable)."""
+
+    text: str
+    line: int
+    index: int
+    attempts: int
+
+
+class StepEntry(TypedDict, total=False):
+    """The iteration's failed or killed loop step (loop/runner.py)."""
+
+    name: str
+    status: str
+    exit_code: int | None
+    timed_out: bool
+    killed: bool
+    stalled: bool
+    output_tail: str
+    reason: str
+    from_process: bool
+
+
+class CollectorEntry(TypedDict, total=False):
+    """One collector's capture at a death (liveness/diagnostics.py)."""
+
+    name: str
+    ok: bool
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    cut_bytes: int
+    seconds: float
+    skipped: bool  # its `when:` was false
+    output: str
+
+
+class RecoveryStep(TypedDict, total=False):
+    """One recovery step of one attempt (liveness/recovery.py)."""
+
+    attempt: int
+    name: str
+    ok: bool
+    skipped: bool
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+    output: str
+
+
+class SignatureFrom(TypedDict):
+    source: str | None  # "recorder log", a collector's name, "probes"
+    line: str | None  # the exception line as the log had it
+
+
+class Known(TypedDict, total=False):
+    """What the loop knows at a death, recorded with it (Runner._facts)."""
+
+    iteration: int
+    item: ItemEntry | None
+    step: StepEntry
+    prompt_size: int | None
+    prompt_bytes: int | None
+    checklist: dict[str, int]
+    context: dict[str, Any]  # an ensure_alive step's own facts
+
+
+class Facts(Known, total=False):
+    """Known, and the iteration's variables: the recovery steps', never the record's."""
+
+    variables: dict[str, Any]
+
+
+class DuringRecovery(TypedDict, total=False):
+    """The loop whose recovery was under way when this death was found: its own record
+    (`records`, death number `death`) holds the diagnostics of the moment of death."""
+
+    by: str
+    records: str
+    death: int
+
+
+class DeathRecord(TypedDict, total=False):
+    """`event: death` (or `diagnose`: the same capture on request, never written)."""
+
+    event: str
+    death: int
+    time: str
+    host: str
+    runbook: str
+    service: str
+    iteration: int | None
+    item: ItemEntry | None
+    step: StepEntry
+    prompt_size: int | None
+    prompt_bytes: int | None
+    checklist: dict[str, int]
+    context: dict[str, Any]
+    phase: str
+    fault: str
+    evidence: str
+    probes: list[ProbeEntry]
+    probe_rounds: int
+    collectors: list[CollectorEntry]
+    capture_seconds: float
+    during_recovery: DuringRecovery  # captured while another loop recovered the service
+    recorder: dict[str, Any]  # the flight recorder's window (deaths/recorder.py)
+    signature: str
+    signature_from: SignatureFrom
+
+
+class Outcome(TypedDict, total=False):
+    """How a recovery (or a start) ended: liveness/recovery.Outcome as recorded."""
+
+    attempts: int
+    recovered: bool
+    seconds: float
+    reason: str | None
+    steps: list[RecoveryStep]
+    by: str  # healthy again with no step of ours: who brought it back
+
+
+class RecoveryRecord(Outcome, total=False):
+    """`event: recovery`: the outcome of death number `death`."""
+
+    event: str
+    death: int
+    time: str
+
+
+class StartRecord(Outcome, total=False):
+    """`event: start`: the service was not running at the run's first check (no death)."""
+
+    event: str
+    time: str
+    host: str
+    runbook: str
+    service: str
+    probes: list[ProbeEntry]
+
+
+Record = DeathRecord | RecoveryRecord | StartRecord
+
+
+def is_death(entry: Mapping[str, Any]) -> TypeGuard[DeathRecord]:
+    return entry.get("event") == "death"
+
+
+def is_recovery(entry: Mapping[str, Any]) -> TypeGuard[RecoveryRecord]:
+    return entry.get("event") == "recovery"
