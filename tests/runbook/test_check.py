@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import yaml
 from standin_helpers import ROOT
 
@@ -90,26 +91,34 @@ def test_schema_command_prints_json_schema():
     assert "loop" in schema["required"]
 
 
-def test_check_renders_the_pause_blocks_and_fails_on_an_unknown_name(tmp_path):
-    """The shipped vllm.yaml's commented pause/resume example, uncommented, renders; a name no
-    variable defines fails at --check, not when the loop first pauses."""
-    lines = (ROOT / "runbooks/vllm.yaml").read_text().splitlines()
+def uncommented_pause_blocks(name: str) -> str:
+    """A shipped runbook with its commented `pause:`/`resume:` example uncommented."""
+    lines = (ROOT / "runbooks" / name).read_text().splitlines()
     start = lines.index("# pause:")
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
     block = [line[2:] if line.startswith("# ") else line[1:] for line in lines[start:end]]
-    runbook = tmp_path / "vllm.yaml"
-    text = "\n".join([*lines[:start], *block, *lines[end:]])
-    runbook.write_text(text)
+    return "\n".join([*lines[:start], *block, *lines[end:]])
+
+
+@pytest.mark.parametrize("name", ["vllm.yaml", "vllm-local.yaml"])
+def test_the_shipped_pause_examples_render(tmp_path, name):
+    runbook = tmp_path / name
+    runbook.write_text(uncommented_pause_blocks(name))
     done = subprocess.run(
         [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     (plan,) = json.loads(done.stdout)
-    assert plan["pause"] == [
-        {"name": "stop vLLM", "shell": "docker stop -t 30 vllm-spark-head", "timeout": 60.0}
-    ]
+    assert [step["name"] for step in plan["pause"]] == ["stop vLLM"]
     assert [step["name"] for step in plan["resume"]] == ["start vLLM"]
+    if name == "vllm.yaml":
+        assert plan["pause"][0]["shell"] == "docker stop -t 30 vllm-spark-head"
 
+
+def test_check_fails_on_an_unknown_name_in_a_pause_step(tmp_path):
+    """Not when the loop first pauses: at --check, with the key and line."""
+    text = uncommented_pause_blocks("vllm.yaml")
+    runbook = tmp_path / "vllm.yaml"
     runbook.write_text(text.replace("docker stop -t 30 {{ container }}", "stop {{ contaner }}"))
     done = subprocess.run([*RALPH, str(runbook), "--check"], capture_output=True, text=True)
     assert done.returncode == 2
