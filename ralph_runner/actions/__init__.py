@@ -21,15 +21,15 @@ Adding an action kind is adding one module here: the schema and the executor fin
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
-from ralph_runner.errors import FatalError
 from ralph_runner.runbook import plugins
+from ralph_runner.runbook.fields import validate_rendered
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -149,16 +149,6 @@ class TaskContext:
             "on_output": self.on_output,
         }
         return {**options, "idle": self.idle} if self.idle is not None else options
-
-
-def validate_rendered(params_type: Any, data: Any, where: Problem) -> Any:
-    """Rendered params checked against their type again: `port: "{{ port }}"` may have rendered
-    to a word. FatalError at the task's (or probe's) line, not a pydantic traceback."""
-    try:
-        return TypeAdapter(params_type).validate_python(data)
-    except ValidationError as exc:
-        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise FatalError(replace(where, message=f"once rendered: {errors}")) from None
 
 
 KINDS: dict[str, ModuleType] = plugins.discover(

@@ -21,6 +21,7 @@ from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import run as fleet
 from ralph_runner.liveness import recovery
+from ralph_runner.liveness.health import probe_specs
 from ralph_runner.loop import checklist, proxy
 from ralph_runner.runbook import loader, plan, tasks, templating
 
@@ -77,7 +78,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     try:
         probes = [
             {"name": s.name, s.kind: _dump(s.params), "timeout": s.timeout, "every": s.every}
-            for s in plan.probe_specs(p)
+            for s in probe_specs(p)
         ]
     except FatalError as exc:
         problems.append(exc)
@@ -99,7 +100,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
         "health": {
             **model.health.model_dump(exclude={"probes"}),
             "probes": probes,
-            **_hang_bound(model.health, plan.probe_specs(p) if probes else []),
+            **_hang_bound(model.health, probe_specs(p) if probes else []),
         },
         "diagnostics": {
             "log": str(death_log),

@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
             "probes": [],
             "collectors": diagnostics.collect(p.runbook.collectors, group, variables),
         }
-        log = plan.death_log_for(p)  # the runbook's own template and secrets; nothing written
+        log = death_log.for_plan(p)  # the runbook's own template and secrets; nothing written
         if args.json:
             print(json.dumps(log.redactor.data(record), ensure_ascii=False))
         else:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError
+from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.runbook import plan
 
 
@@ -18,7 +19,7 @@ def main(args: argparse.Namespace) -> int:
         if not p.runbook.probes:
             where = p.runbook.where(("health", "probes"))
             raise FatalError(replace(where, message="the runbook declares no health probes"))
-        health = plan.health_for(p)
+        health = health_for(p)
         try:
             results = health.round(None)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -29,6 +30,7 @@ from ralph_runner.errors import FatalError, Problem
 from ralph_runner.output import columns, plural, shorten, step_ended
 
 if TYPE_CHECKING:
+    from ralph_runner.runbook.plan import Plan
     from ralph_runner.runbook.templating import Templar
 
 
@@ -230,3 +232,26 @@ def totals(deaths: int, recoveries: list[RecoveryRecord]) -> str:
     if deaths > len(recoveries):
         parts.append(f"{deaths - len(recoveries)} without a recovery record")
     return "total: " + ", ".join(parts)
+
+
+def for_plan(plan: Plan) -> DeathLog:
+    """The plan's death log: its paths, its template (shipped or the runbook's), its secrets."""
+    config = plan.model.diagnostics
+    log = plan.path(("diagnostics", "log"), config.log)
+    records = config.records and plan.path(("diagnostics", "records"), config.records)
+    where = plan.runbook.where(("diagnostics", "template"))
+    if config.template == "default":
+        template = default_template()
+    else:
+        try:
+            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
+    return DeathLog(
+        log,
+        records_path(log, records),
+        template=template,
+        templar=plan.templar,
+        redactor=Redactor(plan.secret_values()),
+        where=where,
+    )

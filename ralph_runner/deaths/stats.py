@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_runner.deaths import signatures
+from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import DeathRecord, RecoveryRecord, is_death, is_recovery
 from ralph_runner.durable import jsonl
 from ralph_runner.errors import FatalError, Problem
@@ -130,7 +131,7 @@ def files_of(
 
     found = []
     for selected in plan.build(path, inventory, None, extra_vars):
-        records = plan.death_log_for(selected).records_path
+        records = death_log_for(selected).records_path
         history = selected.workdir / HISTORY
         found += [p for p in (records, history) if p.is_file()]
         if not records.is_file():

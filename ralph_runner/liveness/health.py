@@ -26,13 +26,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from pydantic import BaseModel
 
+from ralph_runner import probes
 from ralph_runner.probes import ProbeContext, ProbeResult, no_answer, run_probe
+from ralph_runner.runbook.fields import validate_rendered
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from ralph_runner.process.connection import Connection
+    from ralph_runner.runbook.plan import Plan
 
 GRACE = 0.25  # seconds a check may overrun its timeout before its round stops waiting
 FLOOR = 0.5  # the shortest timeout `wait_healthy` gives a probe as its deadline draws near
@@ -252,4 +256,39 @@ def _timed_out(spec: ProbeSpec, state: dict, detail: str, seconds: float) -> Pro
     ok, reason, detail = no_answer(spec.kind, spec.params, state, (False, "timeout", detail))
     return ProbeResult(
         name=spec.name, kind=spec.kind, ok=ok, reason=reason, detail=detail, seconds=seconds
+    )
+
+
+def probe_specs(plan: Plan) -> list[ProbeSpec]:
+    """The runbook's probes rendered with the plan's variables and validated again."""
+    specs = []
+    for raw in plan.runbook.probes:
+        module = probes.KINDS[raw.kind]
+        params = getattr(raw.probe, raw.kind)
+        if getattr(module, "SHELL", False):
+            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
+        else:
+            data = params.model_dump() if isinstance(params, BaseModel) else params
+            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
+        params = validate_rendered(module.Params, rendered, raw.where)
+        specs.append(
+            ProbeSpec(
+                name=raw.name,
+                kind=raw.kind,
+                params=params,
+                timeout=raw.probe.timeout,
+                every=raw.probe.every,
+            )
+        )
+    return specs
+
+
+def for_plan(plan: Plan) -> Health:
+    """The plan's health checker: its probes rendered, its rounds as the runbook says."""
+    config = plan.model.health
+    return Health(
+        probe_specs(plan),
+        failures_before_dead=config.failures_before_dead,
+        interval=config.interval,
+        connection=plan.connection_for(None),
     )

@@ -12,9 +12,11 @@ from typing import Any
 
 from ralph_runner.actions import KINDS, TaskResult
 from ralph_runner.deaths import wiring
+from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import Facts, StepEntry
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Interrupted, Limited
+from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import (
@@ -33,7 +35,7 @@ from ralph_runner.output import Output
 from ralph_runner.process import execute, orphans
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
-from ralph_runner.runbook.plan import Plan, death_log_for, health_for
+from ralph_runner.runbook.plan import Plan
 
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 # What each action kind declares of itself (actions/__init__.py): no kind is named here.

@@ -10,14 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from ralph_runner import probes
-from ralph_runner.actions import validate_rendered
-from ralph_runner.deaths import log as death_log
-from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.liveness.health import Health, ProbeSpec
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, loader, templating
 from ralph_runner.runbook.loader import LoadedRunbook
@@ -143,59 +136,3 @@ def _templated(value: Any) -> bool:
     if isinstance(value, list):
         return any(_templated(v) for v in value)
     return False
-
-
-def probe_specs(plan: Plan) -> list[ProbeSpec]:
-    """The runbook's probes rendered with the plan's variables and validated again."""
-    specs = []
-    for raw in plan.runbook.probes:
-        module = probes.KINDS[raw.kind]
-        params = getattr(raw.probe, raw.kind)
-        if getattr(module, "SHELL", False):
-            rendered = plan.templar.render(params, plan.variables, shell=True, where=raw.where)
-        else:
-            data = params.model_dump() if isinstance(params, BaseModel) else params
-            rendered = plan.templar.render_data(data, plan.variables, where=raw.where)
-        params = validate_rendered(module.Params, rendered, raw.where)
-        specs.append(
-            ProbeSpec(
-                name=raw.name,
-                kind=raw.kind,
-                params=params,
-                timeout=raw.probe.timeout,
-                every=raw.probe.every,
-            )
-        )
-    return specs
-
-
-def health_for(plan: Plan) -> Health:
-    config = plan.model.health
-    return Health(
-        probe_specs(plan),
-        failures_before_dead=config.failures_before_dead,
-        interval=config.interval,
-        connection=plan.connection_for(None),
-    )
-
-
-def death_log_for(plan: Plan) -> death_log.DeathLog:
-    config = plan.model.diagnostics
-    log = plan.path(("diagnostics", "log"), config.log)
-    records = config.records and plan.path(("diagnostics", "records"), config.records)
-    where = plan.runbook.where(("diagnostics", "template"))
-    if config.template == "default":
-        template = death_log.default_template()
-    else:
-        try:
-            template = (plan.runbook.directory / config.template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
-    return death_log.DeathLog(
-        log,
-        death_log.records_path(log, records),
-        template=template,
-        templar=plan.templar,
-        redactor=Redactor(plan.secret_values()),
-        where=where,
-    )
