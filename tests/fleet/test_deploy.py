@@ -12,10 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from sshd_helpers import MISSING_REASON, running_sshd, sshd_available
-from standin_helpers import ROOT
+from standin_helpers import ROOT, wait_for
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
@@ -47,7 +48,30 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return found
 
 
+def close_masters(control_dir: Path) -> None:
+    """Ansible's ssh control masters (ControlPersist) ended: they outlived the test by minutes."""
+    for socket in control_dir.glob("*") if control_dir.is_dir() else ():
+        subprocess.run(
+            ["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "localhost"],
+            capture_output=True,
+            timeout=10,
+        )
+
+
 def test_the_playbook_installs_every_loop_and_a_second_run_changes_nothing(tmp_path: Path):
+    try:
+        _installs_and_changes_nothing(tmp_path)
+    finally:
+        close_masters(tmp_path / "cp")
+
+    def masters() -> list[list[str]]:
+        found = [p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])]
+        return [line for line in found if str(tmp_path) in " ".join(line)]
+
+    wait_for(lambda: not masters(), 10, "ssh's control masters to exit")
+
+
+def _installs_and_changes_nothing(tmp_path: Path) -> None:
     for name in ("sshd-a", "sshd-b"):
         (tmp_path / name).mkdir()
     with (
