@@ -60,6 +60,18 @@ def python_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": path, **extra}
 
 
+def ralph(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """`ralph-run ARGS` (a command beside a running loop: pause, resume, status), from this
+    checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "ralph_runner", *args],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class StandIn:
     """One stand-in server's port and state directory, whichever process currently serves them."""
 

@@ -40,7 +40,7 @@ def control_main(args: argparse.Namespace, action: str) -> int:
     else:
         said = "resumed" if pause.release(workdir) else "not paused"
     found = state.Store(workdir).read_status() or {}
-    running = bool(found.get("running")) and status._alive(found.get("pid"))
+    running = bool(found.get("running")) and status.pid_alive(found.get("pid"))
     if args.json:
         print(json.dumps({"workdir": str(workdir), "said": said, "running": running}))
         return 0

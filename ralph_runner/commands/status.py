@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.PARTIAL
-    status["running"] = bool(status.get("running")) and _alive(status.get("pid"))
+    status["running"] = bool(status.get("running")) and pid_alive(status.get("pid"))
     if args.json:
         print(json.dumps(status, ensure_ascii=False, sort_keys=True))
     else:
@@ -155,7 +155,7 @@ def _last_death(death: Any) -> str:
     return f" (last: {death.get('time', '?')} at {death.get('phase', '?')}: {death.get('reason')})"
 
 
-def _alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
     """The pid still runs (a zombie waiting for its parent counts as gone)."""
     try:
         return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE

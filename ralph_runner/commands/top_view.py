@@ -97,7 +97,7 @@ def read_local(workdir: str, detailed: bool) -> Snapshot:
     row = _object(text)
     if row is None:
         return Snapshot({"error": "unreadable status.json", "reachable": True})
-    row["running"] = bool(row.get("running")) and status_command._alive(row.get("pid"))
+    row["running"] = bool(row.get("running")) and status_command.pid_alive(row.get("pid"))
     state = _object(_read(base / "state.json")) or {}
     history = _read(base / HISTORY_FILE, TAIL_BYTES)
     ring = ""

@@ -5,29 +5,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import python_env, wait_for
+from standin_helpers import ralph, wait_for
 
 from ralph_runner.loop import pause
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ralph(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ralph_runner", *args],
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def history(workdir: Path) -> list[dict]:

@@ -5,15 +5,13 @@ failed block is reported, the loop stays paused (pause) or goes on (resume)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import python_env, wait_for
+from standin_helpers import ralph, wait_for
 
 from ralph_runner.output import HUMAN
 
@@ -25,16 +23,6 @@ STOP = (
     ' while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done'
 )
 START = "PYTHON={{ python }} HEALTH_TIMEOUT=1 {{ standin_start }} {{ port }} {{ standin_dir }}"
-
-
-def ralph(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ralph_runner", *args],
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def with_blocks(scenario: Scenario, pause: list[dict], resume: list[dict]) -> None:
