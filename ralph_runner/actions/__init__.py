@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from ralph_runner.runbook import plugins
-from ralph_runner.runbook.fields import validate_rendered
+from ralph_runner.plugins import discovery
+from ralph_runner.plugins.fields import validate_rendered
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from ralph_runner.errors import Problem
-    from ralph_runner.loop.git import Snapshot
     from ralph_runner.process.connection import Connection
     from ralph_runner.process.execute import IdleWatch, Result
-    from ralph_runner.runbook.templating import Templar
+    from ralph_runner.templating import Templar
+    from ralph_runner.workspace.git import Snapshot
 
 ParamsT = TypeVar("ParamsT", bound=BaseModel)
 
@@ -151,6 +151,6 @@ class TaskContext:
         return {**options, "idle": self.idle} if self.idle is not None else options
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(
+KINDS: dict[str, ModuleType] = discovery.discover(
     __name__, Path(__file__).parent, "KEY", required=("Params", "run", "describe")
 )

@@ -17,8 +17,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ralph_runner.actions import TaskContext, TaskResult
-from ralph_runner.probes import classify
-from ralph_runner.runbook.fields import Regex, Templated
+from ralph_runner.plugins.fields import Regex, Templated
+from ralph_runner.plugins.network_errors import classify
 
 KEY = "http"
 DEFAULT_TIMEOUT = 30.0

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from ralph_runner.actions import TaskContext, TaskResult
 from ralph_runner.output import columns
-from ralph_runner.runbook.fields import Regex
+from ralph_runner.plugins.fields import Regex
 
 KEY = "processes"
 MIB = 1024 * 1024

@@ -7,8 +7,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ralph_runner.actions import TaskContext, TaskResult
-from ralph_runner.loop import checklist
-from ralph_runner.loop.git import Snapshot
+from ralph_runner.workspace import checklist
+from ralph_runner.workspace.git import Snapshot
 
 KEY = "verify"
 LOOP_ONLY = True  # it checks the item the loop is working on

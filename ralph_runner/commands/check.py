@@ -15,15 +15,16 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import crash
+from ralph_runner import crash, templating
 from ralph_runner.deaths import wiring
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import run as fleet
 from ralph_runner.liveness import recovery
 from ralph_runner.liveness.health import probe_specs
-from ralph_runner.loop import checklist, proxy
-from ralph_runner.runbook import loader, plan, tasks, templating
+from ralph_runner.loop import proxy
+from ralph_runner.runbook import loader, plan, tasks
+from ralph_runner.workspace import checklist
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, if installed: 10x faster

@@ -10,8 +10,8 @@ from ralph_runner.deaths import log as death_log
 from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.liveness import diagnostics
 from ralph_runner.liveness.service import iso_time
-from ralph_runner.loop import checklist
 from ralph_runner.runbook import plan
+from ralph_runner.workspace import checklist
 
 
 def main(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import state
 from ralph_runner.runbook import plan
+from ralph_runner.workspace.state_files import STATE_DIR
 
 
 def main(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     status = state.Store(workdir).read_status()
     if status is None:
         print(
-            f"ralph-run: no status in {workdir / state.STATE_DIR} (never run here?)",
+            f"ralph-run: no status in {workdir / STATE_DIR} (never run here?)",
             file=sys.stderr,
         )
         return ExitCode.PARTIAL

@@ -44,9 +44,10 @@ from ralph_runner.commands import top_view as view
 from ralph_runner.errors import FatalError
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
-from ralph_runner.loop import pause, state
+from ralph_runner.loop import pause
 from ralph_runner.process import connection, execute
 from ralph_runner.runbook import inventory
+from ralph_runner.workspace.state_files import STATE_DIR
 
 REFRESH = 1.0  # seconds between redraws
 STALE = 2.5 * REFRESH  # a read out longer than this: the row says "no answer"
@@ -282,7 +283,7 @@ class View:
         records are, for a remote one, whose path on the host is shown."""
         if loop.error:
             return f"error: {loop.error}"
-        relative = f"{state.STATE_DIR}/{REPORT}"
+        relative = f"{STATE_DIR}/{REPORT}"
         if loop.conn is not None:
             command = (
                 f"cd {view.remote_path(loop.workdir)} && if command -v ralph-run >/dev/null 2>&1;"

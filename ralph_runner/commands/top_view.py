@@ -31,8 +31,8 @@ from rich.text import Text
 
 from ralph_runner.commands import status as status_command
 from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
-from ralph_runner.loop.state import HISTORY_FILE, STATE_DIR
 from ralph_runner.process import connection
+from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR
 
 HISTORY_TAIL = 30  # iterations read of each loop: the last ones shown, the items per hour
 HISTORY_SHOWN = 5  # ... of which the details show at most this many

@@ -1,1 +1,2 @@
-"""Deaths as data: the log and its JSONL twin, the flight recorder, signatures, statistics."""
+"""Deaths as data: the log and its JSONL twin, the flight recorder, signatures, the iteration
+history, statistics."""

@@ -31,7 +31,7 @@ from ralph_runner.output import columns, plural, shorten, step_ended
 
 if TYPE_CHECKING:
     from ralph_runner.runbook.plan import Plan
-    from ralph_runner.runbook.templating import Templar
+    from ralph_runner.templating import Templar
 
 
 def records_path(log_path: Path, records: str | Path | None = None) -> Path:

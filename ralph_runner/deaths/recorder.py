@@ -30,10 +30,10 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from ralph_runner import probes
 from ralph_runner.actions import nvml
 from ralph_runner.durable import jsonl
 from ralph_runner.durable.redaction import Redactor
+from ralph_runner.plugins import network_errors
 from ralph_runner.process.connection import Connection
 
 DIRECTORY = "recorder"  # under the state directory
@@ -380,7 +380,7 @@ class Recorder:
         try:
             response = self._client.get(self.settings.url)
         except httpx.HTTPError as exc:
-            return {}, probes.classify(exc)[0]  # refused, timeout or error, as a probe says
+            return {}, network_errors.classify(exc)[0]  # refused, timeout or error, as a probe says
         if response.status_code != 200:
             return {}, f"status {response.status_code}"
         metrics = parse_metrics(response.text, set(self.settings.metrics))

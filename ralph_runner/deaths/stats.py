@@ -25,7 +25,7 @@ from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import DeathRecord, RecoveryRecord, is_death, is_recovery
 from ralph_runner.durable import jsonl
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.loop.state import HISTORY_FILE, SOURCES_FILE, STATE_DIR
+from ralph_runner.workspace.state_files import HISTORY_FILE, SOURCES_FILE, STATE_DIR
 
 HISTORY = f"{STATE_DIR}/{HISTORY_FILE}"
 SOURCES = f"{STATE_DIR}/{SOURCES_FILE}"

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_runner.deaths import signatures
+from ralph_runner.deaths.history import History
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.deaths.recorder import DIRECTORY, Recorder, Settings
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError
-from ralph_runner.loop.history import History
-from ralph_runner.loop.state import HISTORY_FILE, SOURCES_FILE
+from ralph_runner.workspace.state_files import HISTORY_FILE, SOURCES_FILE
 
 if TYPE_CHECKING:
     from ralph_runner.output import Output

@@ -14,9 +14,9 @@ from typing import Any
 
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import pause
-from ralph_runner.loop.state import STATE_DIR
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory
+from ralph_runner.workspace.state_files import STATE_DIR
 
 NO_WORKDIR = 3
 PAUSE = (

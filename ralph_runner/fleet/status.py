@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ralph_runner import templating
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.loop.state import STATE_DIR
 from ralph_runner.output import columns
 from ralph_runner.process import connection
-from ralph_runner.runbook import inventory, plan, templating
+from ralph_runner.runbook import inventory, plan
+from ralph_runner.workspace.state_files import STATE_DIR
 
 DEFAULT_WORKDIR = "{{ ralph_workdir | default('.') }}"
 READ_STATUS = (  # one round trip: the status file, then whether its pid still runs there

@@ -29,8 +29,8 @@ import httpx
 from pydantic import BaseModel
 
 from ralph_runner import probes
+from ralph_runner.plugins.fields import validate_rendered
 from ralph_runner.probes import ProbeContext, ProbeResult, no_answer, run_probe
-from ralph_runner.runbook.fields import validate_rendered
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

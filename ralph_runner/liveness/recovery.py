@@ -12,9 +12,9 @@ from ralph_runner.actions import TaskResult
 from ralph_runner.deaths.record import RecoveryStep
 from ralph_runner.liveness import faults
 from ralph_runner.liveness.health import Health
-from ralph_runner.loop import failures
 from ralph_runner.output import step_ended
 from ralph_runner.probes import ProbeResult
+from ralph_runner.process import output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.schema import Recovery
@@ -94,9 +94,9 @@ def recover(
             result = tasks.run(spec, group, variables, stop)
             steps.append(_step(attempt, spec, result))
             if not result.ok and not spec.task.ignore_errors:
-                said = failures.explaining_line(failures.clean(result.output))
+                said = output_text.explaining_line(output_text.clean(result.output))
                 failed = f"step {spec.name!r} failed ({_why(result)})" + (
-                    f": {failures.shorten(said)}" if said else ""
+                    f": {output_text.shorten(said)}" if said else ""
                 )
                 break
         if failed is None:

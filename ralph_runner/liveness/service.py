@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any, Protocol
 
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import DeathLog
@@ -23,10 +24,19 @@ from ralph_runner.deaths.record import DeathRecord, DuringRecovery, Facts, Known
 from ralph_runner.errors import GaveUp
 from ralph_runner.liveness import diagnostics, faults, recovery, recovery_lock
 from ralph_runner.liveness.health import Health
-from ralph_runner.loop.state import State
 from ralph_runner.probes import ProbeResult
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.plan import Plan
+
+
+class ServiceState(Protocol):
+    """What the service keeps in the run's state (loop/state.py's State), saved by `save`: its
+    deaths, their times (the crash-loop window), the last death and the last start."""
+
+    deaths: int
+    death_times: list[float]
+    last_death: dict[str, Any] | None
+    last_start: dict[str, Any] | None
 
 
 class Service:
@@ -37,7 +47,7 @@ class Service:
         plan: Plan,
         health: Health,
         death_log: DeathLog,
-        state: State,
+        state: ServiceState,
         save: Callable[[], None],
         stop: threading.Event,
         emit: Callable[..., None],

@@ -1,1 +1,1 @@
-"""The Ralph loop itself: iterations, the checklist, strikes, the state files, git."""
+"""The Ralph loop itself: iterations, strikes, the state and its lock, failures, limits, pause."""

@@ -23,7 +23,7 @@ import fnmatch
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ralph_runner.loop import git
+from ralph_runner.workspace import git
 
 DEFAULT_IGNORE = (".aider*",)
 GITIGNORE = ".gitignore"

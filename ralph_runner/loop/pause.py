@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, Interrupted, Problem
 from ralph_runner.loop import failures
-from ralph_runner.loop.state import STATE_DIR
-from ralph_runner.process import execute
+from ralph_runner.process import execute, output_text
+from ralph_runner.workspace.state_files import STATE_DIR
 
 if TYPE_CHECKING:
     from ralph_runner.actions import TaskResult
-    from ralph_runner.loop.checklist import Item
     from ralph_runner.loop.runner import Runner
     from ralph_runner.runbook.loader import TaskSpec
+    from ralph_runner.workspace.checklist import Item
 
 CONTROL = "pause"  # .ralph/pause
 POLL = 0.5  # seconds between looks at the control file
@@ -348,10 +348,10 @@ def _failure(spec: TaskSpec, result: TaskResult) -> str:
         how = "interrupted"
     else:
         how = failures.status_text(result.exit_code, result.timed_out, False, result.output)
-    output = failures.clean(result.output)
+    output = output_text.clean(result.output)
     lines = [line for line in output.split("\n") if line.strip()]
-    said = failures.explaining_line(output) or (lines[-1] if lines else None)
-    return f"step {spec.name!r} failed ({how})" + (f": {failures.shorten(said)}" if said else "")
+    said = output_text.explaining_line(output) or (lines[-1] if lines else None)
+    return f"step {spec.name!r} failed ({how})" + (f": {output_text.shorten(said)}" if said else "")
 
 
 _controls: weakref.WeakKeyDictionary[Runner, _Control] = weakref.WeakKeyDictionary()

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 if TYPE_CHECKING:
-    from ralph_runner.loop.history import History
+    from ralph_runner.deaths.history import History
     from ralph_runner.runbook.plan import Plan
 
 # Headers of one hop (RFC 9110 7.6.1), not forwarded; Host is the upstream's, set by httpx;

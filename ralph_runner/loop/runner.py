@@ -19,23 +19,14 @@ from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Inter
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import (
-    checklist,
-    failures,
-    git,
-    housekeeping,
-    idle,
-    limits,
-    pause,
-    proxy,
-    state,
-)
+from ralph_runner.loop import failures, housekeeping, idle, limits, pause, proxy, state
 from ralph_runner.loop.failures import Failure
 from ralph_runner.output import Output
-from ralph_runner.process import execute, orphans
+from ralph_runner.process import execute, orphans, output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
+from ralph_runner.workspace import checklist, git
 
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 # What each action kind declares of itself (actions/__init__.py): no kind is named here.
@@ -473,11 +464,11 @@ class Runner:
         the escape codes that would garble a log file or move a terminal's cursor."""
         *lines, self._partial_line = (self._partial_line + text).split("\n")
         for line in lines:
-            self.output.event("output", step=self.state.phase, text=failures.clean(line))
+            self.output.event("output", step=self.state.phase, text=output_text.clean(line))
 
     def _flush_output(self) -> None:
         if self._partial_line:
-            text = failures.clean(self._partial_line)
+            text = output_text.clean(self._partial_line)
             self.output.event("output", step=self.state.phase, text=text)
             self._partial_line = ""
 

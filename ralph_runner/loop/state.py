@@ -21,15 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import ExitCode, FatalError, Problem
+from ralph_runner.workspace.state_files import STATE_DIR
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
 
-STATE_DIR = ".ralph"
-# The files of .ralph/ that other modules write, named here once: the iteration history
-# (loop/history.py) and where the death records are (deaths/wiring.py).
-HISTORY_FILE = "iterations.jsonl"
-SOURCES_FILE = "sources.json"
 # The run states, Supervisor-style: a fixed set, and the moves allowed between them.
 STATUSES = (
     "idle",  # never run

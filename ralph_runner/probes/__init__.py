@@ -7,7 +7,8 @@ A module in this package is a probe kind when it defines:
     def check(params, ctx: ProbeContext) -> tuple[bool, str | None, str]   # ok, reason, detail
 
 `check` may raise: `run_probe` times every check and turns an exception into a failed result
-(`classify`), so one place decides what "refused" and "timeout" mean. A kind may also define
+(`plugins/network_errors.py`), so one place decides what "refused" and "timeout" mean. A kind
+may also define
 
     def unanswered(params, state) -> tuple[bool, str | None, str] | None
 
@@ -29,7 +30,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import httpx
 
-from ralph_runner.runbook import plugins
+from ralph_runner.plugins import discovery
+from ralph_runner.plugins.network_errors import classify
 
 if TYPE_CHECKING:
     from ralph_runner.process.connection import Connection
@@ -106,40 +108,6 @@ def request(ctx: ProbeContext, method: str, url: str, **options: Any) -> httpx.R
         return ctx.client.request(method, url, timeout=left, **options)
 
 
-def _request_of(exc: httpx.RequestError) -> str:
-    try:
-        request = exc.request
-    except RuntimeError:  # raised by httpx when the error carries no request
-        return ""
-    return f" ({request.method} {request.url})"
-
-
-def _refused(exc: BaseException) -> bool:
-    """httpx wraps the socket error; look down the chain for the refusal itself."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def classify(exc: Exception, timeout: float | None = None) -> tuple[str, str]:
-    """An exception from a check -> (reason, readable detail)."""
-    after = f" after {timeout:g}s" if timeout is not None else ""
-    if isinstance(exc, httpx.TimeoutException):
-        phase = type(exc).__name__.removesuffix("Timeout").lower()  # connect, read, write, pool
-        return "timeout", f"timed out{after} ({phase}){_request_of(exc)}"
-    if isinstance(exc, TimeoutError):
-        return "timeout", f"timed out{after}"
-    if _refused(exc):
-        where = _request_of(exc) if isinstance(exc, httpx.RequestError) else ""
-        return "refused", f"connection refused{where}"
-    if isinstance(exc, httpx.RequestError):
-        return "error", f"{exc or type(exc).__name__}{_request_of(exc)}"
-    return "error", f"{type(exc).__name__}: {exc}"
-
-
 def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResult:
     """Run one check; never raises (an unexpected exception is a failed result, reason error)."""
     started = time.monotonic()
@@ -172,6 +140,6 @@ def no_answer(
     return ok, reason, f"{timed_out[2]}; {detail}"
 
 
-KINDS: dict[str, ModuleType] = plugins.discover(
+KINDS: dict[str, ModuleType] = discovery.discover(
     __name__, Path(__file__).parent, "KIND", required=("Params", "check")
 )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
+from ralph_runner.plugins.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
-from ralph_runner.runbook.fields import Templated
 
 KIND = "completion"
 

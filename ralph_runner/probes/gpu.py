@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from ralph_runner.plugins.fields import Templated
 from ralph_runner.probes import ProbeContext
-from ralph_runner.runbook.fields import Templated
 
 KIND = "gpu"
 MIB = 1024 * 1024

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ralph_runner.plugins.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
-from ralph_runner.runbook.fields import Templated
 
 KIND = "http"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from ralph_runner.plugins.fields import Regex
 from ralph_runner.probes import ProbeContext
-from ralph_runner.runbook.fields import Regex
 
 KIND = "process"
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, replace
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
+from ralph_runner.plugins.fields import Templated
 from ralph_runner.probes import ProbeContext, excerpt, request
 from ralph_runner.probes import completion as completion_probe
-from ralph_runner.runbook.fields import Templated
 
 KIND = "progress"
 COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]

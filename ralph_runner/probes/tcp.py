@@ -7,8 +7,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ralph_runner.probes import ProbeContext, classify
-from ralph_runner.runbook.fields import Templated
+from ralph_runner.plugins.fields import Templated
+from ralph_runner.plugins.network_errors import classify
+from ralph_runner.probes import ProbeContext
 
 KIND = "tcp"
 

@@ -1,1 +1,2 @@
-"""The runbook language: YAML with positions, the schema, templating, inventory, the plan."""
+"""The runbook, assembled from the action and probe kinds: YAML with positions, the schema, the
+loader, inventory, the plan, the tasks."""

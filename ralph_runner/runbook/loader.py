@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ralph_runner import actions
+from ralph_runner import actions, templating
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.runbook import schema, templating, yamlfile
+from ralph_runner.runbook import schema, yamlfile
 from ralph_runner.runbook.yamlfile import Document
 
 SHIPPED_COLLECTORS = Path(__file__).parents[1] / "collectors"

@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ralph_runner import templating
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.process import connection
-from ralph_runner.runbook import inventory, loader, templating
+from ralph_runner.runbook import inventory, loader
 from ralph_runner.runbook.loader import LoadedRunbook
 
 EXPAND_PASSES = 8

@@ -18,7 +18,7 @@ from ralph_runner.deaths.log import (
     records_path,
     summarize,
 )
-from ralph_runner.runbook.templating import Templar
+from ralph_runner.templating import Templar
 
 DEATH_KEYS = {
     "event",

@@ -25,7 +25,7 @@ from ralph_runner.actions import TaskContext
 from ralph_runner.errors import Problem
 from ralph_runner.probes import ProbeContext, run_probe
 from ralph_runner.process.connection import for_host
-from ralph_runner.runbook.templating import Templar
+from ralph_runner.templating import Templar
 
 
 class Server:

@@ -18,6 +18,7 @@ from test_loop import Loop, events, of_kind
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.loop import failures
 from ralph_runner.output import HUMAN
+from ralph_runner.process import output_text
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -194,7 +195,7 @@ def test_strike_reasons_are_clean_capped_masked_and_cut_at_a_word(loop):
     (strike,) = of_kind(events(done.stdout), "strike")
     reason, tail = strike["reason"], strike["output_tail"]
     assert reason.startswith("agent: exit 3: fatal: word1 word2 ") and reason.endswith("…")
-    assert len(reason) <= len("agent: exit 3: ") + failures.REASON_CHARS + 1
+    assert len(reason) <= len("agent: exit 3: ") + output_text.REASON_CHARS + 1
     assert reason[: -len("…")].split()[-1].startswith("word")  # a whole word before the cut
     assert "\x1b" not in tail and "\r" not in tail and "progress" not in tail
     lines = tail.split("\n")
@@ -254,17 +255,17 @@ def test_a_death_record_carries_the_killed_agents_last_words(loop):
 # -- the parts, on their own -------------------------------------------------------------------
 def test_clean_strips_escapes_and_keeps_the_last_overwrite_of_a_line():
     text = "\x1b[1m\x1b[31mError:\x1b[0m bad\n10%\r50%\r100%\n\x1b]0;title\x07done\x07  \n\n"
-    assert failures.clean(text) == "Error: bad\n100%\ndone"
+    assert output_text.clean(text) == "Error: bad\n100%\ndone"
 
 
 def test_shorten_cuts_at_a_word_boundary_or_not_at_all():
-    assert failures.shorten("short words") == "short words"
+    assert output_text.shorten("short words") == "short words"
     long = " ".join(f"word{n}" for n in range(100))
-    cut = failures.shorten(long, 50)
+    cut = output_text.shorten(long, 50)
     assert cut.endswith("…") and len(cut) <= 51 and long.startswith(cut[:-1])
     assert cut[:-1].split()[-1] in long.split()
     unbroken = "x" * 300
-    assert failures.shorten(unbroken, 50) == unbroken
+    assert output_text.shorten(unbroken, 50) == unbroken
 
 
 def test_output_tail_masks_before_it_cuts():

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ralph_runner.errors import FatalError
-from ralph_runner.loop import checklist
-from ralph_runner.loop.checklist import Counts, Item
+from ralph_runner.workspace import checklist
+from ralph_runner.workspace.checklist import Counts, Item
 
 SEED_LIKE = (
     "# 레이싱 게임\r\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ralph_runner.loop import failures
 from ralph_runner.output import HUMAN
+from ralph_runner.process import output_text
 
 VLLM_CPU_MEMORY = """\
 INFO 12-01 21:40:01 [api_server.py:1] vLLM API server version 0.32.0
@@ -31,18 +32,20 @@ OPENCODE_MODEL_NOT_FOUND = """\
 
 
 def test_the_root_cause_of_a_traceback_not_its_wrapper() -> None:
-    line = failures.explaining_line(VLLM_CPU_MEMORY)
+    line = output_text.explaining_line(VLLM_CPU_MEMORY)
     assert line is not None and line.startswith("ValueError: Available memory on node 0")
 
 
 def test_an_agents_json_error_gives_its_message() -> None:
-    assert failures.explaining_line(OPENCODE_MODEL_NOT_FOUND) == "Model not found: vllm/qwen3-coder"
+    assert (
+        output_text.explaining_line(OPENCODE_MODEL_NOT_FOUND) == "Model not found: vllm/qwen3-coder"
+    )
     reason = failures.reason("run opencode", "exit 1", OPENCODE_MODEL_NOT_FOUND, True)
     assert reason == "run opencode: exit 1: Model not found: vllm/qwen3-coder"
 
 
 def test_output_with_no_error_line_keeps_the_last_line() -> None:
-    assert failures.explaining_line("working\nstill working\n") is None
+    assert output_text.explaining_line("working\nstill working\n") is None
     assert failures.reason("agent", "exit 1", "a\nthe end", True) == "agent: exit 1: the end"
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Scenario
 
+from ralph_runner.deaths.history import History
 from ralph_runner.durable import jsonl
-from ralph_runner.loop.history import History
 from ralph_runner.output import Output
 
 pytestmark = pytest.mark.timeout(90)

@@ -17,8 +17,8 @@ import pytest
 
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import state as run_state
-from ralph_runner.loop.git import EXCLUDE_HEADER, exclude_from_git
 from ralph_runner.loop.state import State, Store
+from ralph_runner.workspace.git import EXCLUDE_HEADER, exclude_from_git
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ralph_runner import actions, probes
-from ralph_runner.runbook import plugins
+from ralph_runner.plugins import discovery
 
 GOOD = 'KEY = "{key}"\nParams = str\n\ndef run(p, c):\n    pass\n\ndef describe(p, c):\n    pass\n'
 
@@ -31,7 +31,7 @@ def _clean_path():
 
 
 def _discover(directory: Path) -> dict:
-    return plugins.discover(
+    return discovery.discover(
         directory.name, directory, "KEY", required=("Params", "run", "describe")
     )
 
@@ -47,7 +47,9 @@ def test_helpers_are_skipped_and_kinds_found_by_key(tmp_path: Path) -> None:
 def test_two_modules_with_one_key_are_refused(tmp_path: Path) -> None:
     text = GOOD.format(key="same")
     directory = _package(tmp_path, "kinds_twice", {"a": text, "b": text})
-    with pytest.raises(plugins.PluginError, match=r"kinds_twice\.b and kinds_twice\.a both define"):
+    with pytest.raises(
+        discovery.PluginError, match=r"kinds_twice\.b and kinds_twice\.a both define"
+    ):
         _discover(directory)
 
 
@@ -64,7 +66,7 @@ def test_a_kind_missing_its_interface_is_refused_at_discovery(
     tmp_path: Path, text: str, message: str
 ) -> None:
     directory = _package(tmp_path, f"kinds_bad_{abs(hash(text))}", {"broken": text})
-    with pytest.raises(plugins.PluginError, match=message):
+    with pytest.raises(discovery.PluginError, match=message):
         _discover(directory)
 
 

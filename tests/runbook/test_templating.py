@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.runbook.templating import Templar, has_template
+from ralph_runner.templating import Templar, has_template
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,18 +25,28 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 from ralph_runner.durable import jsonl
-from ralph_runner.loop import git
-from ralph_runner.loop.proxy import Totals
 from ralph_runner.process import execute
+from ralph_runner.workspace import git
 
 EVENT = "iteration"  # the `event` of a history line, as death records have "death"
 # A counter of prompt tokens read now: (value, None) or (None, why it cannot be read).
 TokenCounter = Callable[[], tuple[float | None, str | None]]
+
+
+class ProxyTotals(Protocol):
+    """What the loop's agent proxy has counted (loop/proxy.py's Totals): the difference of two
+    readings is an iteration's receipt."""
+
+    def minus(self, earlier: Self) -> Self: ...
+
+    def receipt(self) -> dict[str, Any]: ...
+
+
 # What the loop's agent proxy has counted so far (Proxy.totals); None: no proxy runs.
-Meter = Callable[[], Totals]
+Meter = Callable[[], ProxyTotals]
 NO_PROXY = "no agent proxy (loop.proxy): the loop's own tokens are not counted"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's empty tree (SHA-1 repositories)
 SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
@@ -58,7 +68,7 @@ class History:
         self.workdir = workdir  # for the receipts' HEAD and shortstat; None: no git facts
         self.report = report  # handed each receipt the proxy counted (a `receipt` event)
         self.meter: Meter | None = None  # set by the runner while its agent proxy runs
-        self._meter_at_start: Totals | None = None
+        self._meter_at_start: ProxyTotals | None = None
         self.machine = socket.gethostname()
         self.open: dict[str, Any] | None = None
         self._tokens_at_start: float | None = None
@@ -131,7 +141,7 @@ class History:
         }
 
     # -- receipts ------------------------------------------------------------------
-    def _read_meter(self) -> Totals | None:
+    def _read_meter(self) -> ProxyTotals | None:
         if self.meter is None:
             return None
         try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ralph_runner.durable.files import TEMP_SUFFIX
 from ralph_runner.errors import FatalError
-from ralph_runner.loop.state import STATE_DIR
 from ralph_runner.process import execute
+from ralph_runner.workspace.state_files import STATE_DIR
 
 EXCLUDE_HEADER = "# ralph-run's own files (state, temp files, death logs)"
 
