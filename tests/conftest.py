@@ -26,7 +26,7 @@ UNIT_MODULES = {  # no process started, no server: the tier a developer runs at 
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_check", "test_death_log", "test_deaths_command",
     "test_failure_causes",
-    "test_limit_patterns",
+    "test_limit_patterns", "test_import_layers",
 }  # fmt: skip
 SSH_MODULES = {"test_remote", "test_fleet_status", "test_deploy"}
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
