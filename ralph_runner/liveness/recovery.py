@@ -12,9 +12,7 @@ from ralph_runner.actions import TaskResult
 from ralph_runner.deaths.record import RecoveryStep
 from ralph_runner.liveness import faults
 from ralph_runner.liveness.health import Health
-from ralph_runner.output import step_ended
 from ralph_runner.probes import ProbeResult
-from ralph_runner.process import output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.schema import Recovery
@@ -79,26 +77,14 @@ def recover(
     steps: list[RecoveryStep] = []
     reason = None
     for attempt in range(1, config.attempts + 1):
-        failed = None
-        for spec in specs:
-            if not tasks.should_run(spec, group, variables):
-                emit(
-                    "recovery-step",
-                    attempt=attempt,
-                    step=spec.name,
-                    skipped=f"when: {spec.task.when}",
-                )
-                steps.append(_step(attempt, spec, TaskResult(ok=True, data={"skipped": True})))
-                continue
-            emit("recovery-step", attempt=attempt, step=spec.name)
-            result = tasks.run(spec, group, variables, stop)
-            steps.append(_step(attempt, spec, result))
-            if not result.ok and not spec.task.ignore_errors:
-                said = output_text.explaining_line(output_text.clean(result.output))
-                failed = f"step {spec.name!r} failed ({_why(result)})" + (
-                    f": {output_text.shorten(said)}" if said else ""
-                )
-                break
+
+        def starting(spec: TaskSpec, skipped: str | None, attempt: int = attempt) -> None:
+            said = {"skipped": skipped} if skipped else {}
+            emit("recovery-step", attempt=attempt, step=spec.name, **said)
+
+        ran = tasks.run_steps(specs, group, variables, stop, starting)
+        steps += [_step(attempt, spec, result) for spec, result in ran.results]
+        failed = ran.failure
         if failed is None:
             healthy, _ = health.wait_healthy(config.healthy_within, cancel=stop)
             if healthy:
@@ -113,13 +99,7 @@ def recover(
     return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)
 
 
-def _why(result: TaskResult) -> str:
-    if result.cancelled and not result.timed_out:
-        return "interrupted"  # by our stop (a signal), not by a dying service
-    return step_ended(result.exit_code, result.timed_out, False) or "failed"
-
-
-def _step(attempt: int, spec: TaskSpec, result) -> RecoveryStep:
+def _step(attempt: int, spec: TaskSpec, result: TaskResult) -> RecoveryStep:
     return {
         "attempt": attempt,
         "name": spec.name,

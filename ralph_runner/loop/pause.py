@@ -42,12 +42,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, Interrupted, Problem
-from ralph_runner.loop import failures
-from ralph_runner.process import execute, output_text
+from ralph_runner.process import execute
 from ralph_runner.workspace.state_files import STATE_DIR
 
 if TYPE_CHECKING:
-    from ralph_runner.actions import TaskResult
     from ralph_runner.loop.runner import Runner
     from ralph_runner.runbook.loader import TaskSpec
     from ralph_runner.workspace.checklist import Item
@@ -231,22 +229,22 @@ class _Control:
         started = time.monotonic()
         group = tasks.TaskGroup(runner.plan)
         variables = self._variables(which)
-        for spec in specs:
-            try:
-                if not tasks.should_run(spec, group, variables):
-                    skipped = f"when: {spec.task.when}"
-                    runner.output.event(f"{which}-step", step=spec.name, skipped=skipped)
-                    continue
-                runner.output.event(f"{which}-step", step=spec.name)
+
+        def starting(spec: TaskSpec, skipped: str | None) -> None:
+            if skipped is None:
                 block.ran += 1
-                result = tasks.run(spec, group, variables, runner.stop)
-            except FatalError as exc:  # a template error: the runbook's to fix, the block's end
-                block.error = f"step {spec.name!r}: {exc}"
-                break
-            runner.signals.raise_pending()
-            if not result.ok and not spec.task.ignore_errors:
-                block.error = _failure(spec, result)
-                break
+            said = {"skipped": skipped} if skipped else {}
+            runner.output.event(f"{which}-step", step=spec.name, **said)
+
+        block.error = tasks.run_steps(
+            specs,
+            group,
+            variables,
+            runner.stop,
+            starting,
+            between=runner.signals.raise_pending,
+            template_errors_end=True,  # the runbook's to fix: the block's end, not the run's
+        ).failure
         block.state = "failed" if block.error else "done"
         runner._counts = None  # a step may have changed the checklist
         runner.output.event(
@@ -340,18 +338,6 @@ class _Control:
             "step_started": self.step_started if st.phase else None,
             "attempts": st.strikes.get(st.current_item, 0) if st.current_item else 0,
         }
-
-
-def _failure(spec: TaskSpec, result: TaskResult) -> str:
-    """A failed step of a block in a line: which, how it ended and what it said."""
-    if result.cancelled:
-        how = "interrupted"
-    else:
-        how = failures.status_text(result.exit_code, result.timed_out, False, result.output)
-    output = output_text.clean(result.output)
-    lines = [line for line in output.split("\n") if line.strip()]
-    said = output_text.explaining_line(output) or (lines[-1] if lines else None)
-    return f"step {spec.name!r} failed ({how})" + (f": {output_text.shorten(said)}" if said else "")
 
 
 _controls: weakref.WeakKeyDictionary[Runner, _Control] = weakref.WeakKeyDictionary()

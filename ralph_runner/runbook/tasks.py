@@ -10,8 +10,11 @@ from typing import Any
 
 from ralph_runner import actions
 from ralph_runner.actions import LoopRuntime, TaskContext, TaskResult
+from ralph_runner.errors import FatalError
+from ralph_runner.output import step_ended
 from ralph_runner.process.connection import Connection
 from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT, IdleWatch
+from ralph_runner.process.output_text import clean, explaining_line, shorten
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
 
@@ -119,3 +122,61 @@ def run(
     if task.register_:
         variables[task.register_] = result.register()
     return result
+
+
+@dataclass
+class StepsRun:
+    """What a block of steps did: each step's result in order (a skipped one's data says
+    `skipped`), and the line of the failing step that ended the block, if one did."""
+
+    results: list[tuple[TaskSpec, TaskResult]]
+    failure: str | None = None
+
+
+def run_steps(
+    specs: list[TaskSpec],
+    group: TaskGroup,
+    variables: dict[str, Any],
+    cancel: threading.Event | None = None,
+    starting: Callable[[TaskSpec, str | None], None] = lambda spec, skipped: None,
+    between: Callable[[], None] = lambda: None,
+    template_errors_end: bool = False,
+) -> StepsRun:
+    """The steps in order, each under its `when:`; a failing one that does not ignore errors
+    ends them. A recovery attempt and the pause and resume blocks run their steps here.
+    `starting` hears each step before it runs (`skipped`: why it does not); `between` runs
+    after each step that ran (the pause block raises pending signals there). A template error
+    is raised (exit 2), or with `template_errors_end` is the failure that ends the steps."""
+    done = StepsRun([])
+    for spec in specs:
+        try:
+            if not should_run(spec, group, variables):
+                starting(spec, f"when: {spec.task.when}")
+                done.results.append((spec, TaskResult(ok=True, data={"skipped": True})))
+                continue
+            starting(spec, None)
+            result = run(spec, group, variables, cancel)
+        except FatalError as exc:
+            if not template_errors_end:
+                raise
+            done.failure = f"step {spec.name!r}: {exc}"
+            break
+        done.results.append((spec, result))
+        between()
+        if not result.ok and not spec.task.ignore_errors:
+            done.failure = failure_line(spec, result)
+            break
+    return done
+
+
+def failure_line(spec: TaskSpec, result: TaskResult) -> str:
+    """A failed step in a line: which, how it ended, and what it said (the line that explains
+    it, an error message, else its last line)."""
+    if result.cancelled and not result.timed_out:
+        how = "interrupted"  # by our stop (a signal), not by a dying service
+    else:
+        how = step_ended(result.exit_code, result.timed_out, False) or "failed"
+    output = clean(result.output)
+    lines = [line for line in output.split("\n") if line.strip()]
+    said = explaining_line(output) or (lines[-1] if lines else None)
+    return f"step {spec.name!r} failed ({how})" + (f": {shorten(said)}" if said else "")

@@ -150,7 +150,10 @@ def test_a_failed_start_is_retried_and_the_second_attempt_recovers(scenario: Sce
     assert [e["attempt"] for e in run.of("recovery-step")] == [1, 2]
     (failed,) = run.of("recovery-failed")  # the console says why and how long it waits
     assert (failed["attempt"], failed["retry_in"]) == (1, 0.2)
-    assert failed["reason"] == "step 'start the stand-in' failed (exit 1)"
+    assert failed["reason"] == (  # its last line: no error-shaped line to explain it
+        "step 'start the stand-in' failed (exit 1): "
+        "[start] CUDA out of memory: another job holds 80 GiB"
+    )
     assert scenario.marks() == ["x"] * len(ITEMS)
     assert_no_strikes(scenario, run)
     assert scenario.standin.starts == 2

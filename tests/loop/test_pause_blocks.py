@@ -104,7 +104,7 @@ def test_failed_blocks_leave_the_loop_paused_then_start_the_server_at_resume(
     """A failed pause block: still paused, the failure in status, no death. A failed resume
     block: the loop goes on; the server the pause block stopped is not running, so the check at
     resume starts it with the recovery steps, recorded as a start, not as a death."""
-    scenario.prepare(["one", "two"], agent_sleep="1.0")
+    scenario.prepare(["one", "two"], agent_sleep="8 if iteration == 1 else 0.1")  # pause lands in 1
     with_blocks(
         scenario,
         pause=[
