@@ -51,7 +51,7 @@ install_aider() {
     return
   fi
   if { [ -x "$AIDER_VENV/bin/python" ] || python3 -m venv "$AIDER_VENV"; } >>"$LOG" 2>&1 &&
-    "$AIDER_VENV/bin/pip" install -q "$AIDER" >>"$LOG" 2>&1 && [ -x "$AIDER_VENV/bin/aider" ]; then
+    ci/pip-install.sh "$AIDER_VENV" -q "$AIDER" >>"$LOG" 2>&1 && [ -x "$AIDER_VENV/bin/aider" ]; then
     done_parts+=("$AIDER installed")
   else
     failed_parts+=("pip install $AIDER failed (see $LOG)")

