@@ -51,7 +51,7 @@ def test_a_hang_before_the_agents_request_is_found_within_the_bound(
     """SIGSTOP of EngineCore while the agent is still thinking (no request in flight): the
     gauges freeze at 0 running, so the idle canary of the next watch check goes unanswered."""
     agent = f"sleep 20 && {shlex.join(standin_agent(healthy_engine))}"
-    loop = Loop(tmp_path, healthy_engine, ["before one"], think=False, agent=agent)
+    loop = Loop(tmp_path, healthy_engine, ["before one"], think=None, agent=agent)
     loop.run.wait_agent(1, timeout=120)
     old_group = [p.pid for p in healthy_engine.processes()]
     healthy_engine.signal_engine(signal.SIGSTOP)
@@ -82,7 +82,7 @@ def test_a_long_prefill_and_a_long_generation_are_no_death(
             shlex.join(standin_agent(healthy_engine)),
         ]
     )
-    loop = Loop(tmp_path, healthy_engine, ["long prompt"], think=False, agent=agent)
+    loop = Loop(tmp_path, healthy_engine, ["long prompt"], think=None, agent=agent)
     run = loop.run
     try:
         code = run.wait(RUN_TIMEOUT + 300)
@@ -107,7 +107,7 @@ def test_busy_engine_is_no_death(healthy_engine: Engine, tmp_path: Path) -> None
     queue ended before the checks could see it (a CI rehearsal)."""
     loop_items = ["busy one", "busy two"]
     with LongGeneration(healthy_engine.url, max_tokens=30000) as busy:
-        loop = Loop(tmp_path, healthy_engine, loop_items, think=False)
+        loop = Loop(tmp_path, healthy_engine, loop_items, think=None)
         loop.run.wait_agent(1, timeout=120)
 
         def queued() -> bool:

@@ -2,8 +2,9 @@
 
 The runbook is the shipped one, unchanged: only `-e` points it at the session's engine and
 replaces the agent. The agent step is ralph-run's stand-in agent (one chat completion, tick,
-commit), preceded by a long generation of its own (`think`, as a real agent spends minutes in
-its calls), so a fault can land while the agent's own request is in flight. The think lasts a
+commit); the attempt a test hits is preceded by a long generation of its own (`think`, as a
+real agent spends minutes in its calls), so a fault can land while the agent's own request is
+in flight (the other attempts skip it: it would only add its length). The think lasts a
 stated time (curl's --max-time, on a request for more tokens than that time gives), not a
 number of tokens: a faster CPU must not end it before the test has seen it and struck.
 Each test: the fault is found and recorded (with vLLM's own log lines), the server recovered
@@ -42,30 +43,41 @@ LOAD_MARGIN = 15  # s on top of a stated bound: two shared cores, other tests ru
 RUN_TIMEOUT = 420  # s for a whole loop, one cold restart included
 
 
-def agent_command(engine: Engine, think: bool) -> str:
-    """The `agent` variable: raw shell, the prompt appended by the runbook."""
+def agent_command(engine: Engine, think: int | None, calls: Path | None = None) -> str:
+    """The `agent` variable: raw shell, the prompt appended by the runbook. With `think`, the
+    agent's call number `think` (counted in the file `calls`; 1 is the first) thinks first:
+    only the attempt the test hits needs the long call, the others would add its length."""
     standin = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", engine.url]
     standin += ["--model", SERVED_NAME, "--timeout", "120", "--"]
     agent = shlex.join(standin)
-    if not think:
+    if think is None or calls is None:
         return agent
     body = {"model": SERVED_NAME, "prompt": "think", "max_tokens": THINK_TOKENS}
     body["ignore_eos"] = True
     curl = ["curl", "-sS", "-f", "--max-time", str(THINK_SECONDS), "-o", "/dev/null"]
     curl += ["-H", "content-type: application/json", "-d", json.dumps(body)]
+    counter = shlex.quote(str(calls))
+    count = f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n >{counter}"
     # Done, or cut off by --max-time (curl's exit 28): the agent goes on; any other error ends it.
-    return f"{shlex.join([*curl, f'{engine.url}/completions'])} || [ $? = 28 ] && {agent}"
+    curl_line = f"{shlex.join([*curl, f'{engine.url}/completions'])} || [ $? = 28 ]"
+    return f"{count}; if [ $n = {think} ]; then {curl_line}; fi && {agent}"
 
 
 class Loop:
     """One `ralph-run runbooks/vllm-local.yaml --json` in a fresh git workspace."""
 
     def __init__(
-        self, root: Path, engine: Engine, items: list[str], think: bool, agent: str | None = None
+        self,
+        root: Path,
+        engine: Engine,
+        items: list[str],
+        think: int | None,
+        agent: str | None = None,
     ) -> None:
         self.workspace = make_workspace(root / "work", items)
         self.engine = engine
-        facts = {**engine.facts, "agent": agent or agent_command(engine, think)}
+        calls = root / "agent-calls"
+        facts = {**engine.facts, "agent": agent or agent_command(engine, think, calls)}
         command = [sys.executable, "-m", "ralph_runner", str(RUNBOOK), "--json"]
         self.run = RalphRun([*command, "-e", json.dumps(facts)], self.workspace)
 
@@ -160,7 +172,7 @@ def test_engine_hang_during_the_agents_call(healthy_engine: Engine, tmp_path: Pa
     vllm.yaml's `every: 10` completion probe, not due): /health and /metrics keep answering,
     the counters stop; the progress probe finds it within its bound, recovery stops the hung
     group (death.hung) and starts a new server."""
-    loop = Loop(tmp_path, healthy_engine, ["hang one", "hang two"], think=True)
+    loop = Loop(tmp_path, healthy_engine, ["hang one", "hang two"], think=2)
     loop.wait_agent_generating(iteration=2)
     old_group = [p.pid for p in healthy_engine.processes()]
     healthy_engine.signal_engine(signal.SIGSTOP)
@@ -190,13 +202,13 @@ def test_two_loops_on_one_engine_killed_during_their_calls(
     other waits for it and says who recovered the server. vLLM's EngineDeadError lines are in
     each record, or, for a loop that found the death once the other's recovery was under way
     (the start script had begun a new log), in the record its `during_recovery` names."""
-    first = Loop(tmp_path / "first", healthy_engine, ["kill one", "kill two"], think=True)
+    first = Loop(tmp_path / "first", healthy_engine, ["kill one", "kill two"], think=1)
     # The second's first attempt waits a minute before its call (a think of its own would end
     # in seconds on a quiet machine, queued or not): its step is in flight at the kill for sure.
     once = shlex.quote(str(tmp_path / "second-waited"))
     wait = f"{{ [ -e {once} ] || {{ touch {once} && sleep 60; }}; }} && "
-    agent = wait + agent_command(healthy_engine, think=False)
-    second = Loop(tmp_path / "second", healthy_engine, ["other one", "other two"], False, agent)
+    agent = wait + agent_command(healthy_engine, think=None)
+    second = Loop(tmp_path / "second", healthy_engine, ["other one", "other two"], None, agent)
     second.run.wait_agent(1, timeout=120)
     first.wait_agent_generating(iteration=1)  # it looked at the first's status: in its call
     old_group = [p.pid for p in healthy_engine.processes()]
