@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ralph_runner.deaths.log import (
     DeathLog,
     Redactor,
@@ -300,6 +302,7 @@ def test_a_skipped_collector_says_so(tmp_path):
     assert "--- docker logs ---\n (skipped: its `when` was false)\n (no output)\n=====" in text
 
 
+@pytest.mark.system  # a second Python reads the log
 def test_a_written_death_is_visible_to_another_process_on_return(tmp_path):
     deaths = death_log(tmp_path)
     deaths.write_death(death_record())

@@ -30,6 +30,7 @@ needs_ansible = pytest.mark.skipif(
     not (_ansible_tool("ansible-inventory") and _ansible_tool("ansible-playbook")),
     reason="ansible-core (ansible-inventory, ansible-playbook) is not installed",
 )
+runs_ansible = pytest.mark.system  # Ansible's CLIs: seconds a test
 
 
 def _run_ansible(tmp_path: Path, tool: str, *args: str) -> str:
@@ -80,6 +81,7 @@ def _ansible_groups(listing: dict) -> dict[str, list[str]]:
 
 
 @needs_ansible
+@runs_ansible
 @pytest.mark.parametrize("path", [MULTI, REPO_INVENTORY], ids=["multi", "repo-root"])
 def test_every_host_resolves_like_ansible_inventory(tmp_path, path):
     listing = json.loads(_run_ansible(tmp_path, "ansible-inventory", "-i", str(path), "--list"))
@@ -126,6 +128,7 @@ PATTERNS = [
 
 
 @needs_ansible
+@runs_ansible
 def test_select_matches_ansible_play_hosts_in_order(tmp_path):
     """One ansible-playbook run: a play per pattern prints its hosts in inventory order."""
     plays = [

@@ -240,6 +240,7 @@ def test_bad_arguments(tmp_path, capsys, args, phrase):
     assert "Traceback" not in err
 
 
+@pytest.mark.system  # runs ralph-run
 def test_missing_runbook_and_unknown_option_exit_2_without_traceback(tmp_path):
     for argv in (
         ["ralph-run", str(tmp_path / "nope.yaml"), "--check"],

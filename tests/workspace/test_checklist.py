@@ -202,6 +202,7 @@ def test_mark_changes_only_that_items_marker_byte(generated, data):
     assert after[marker_offset : marker_offset + 1] == new_mark.encode()
 
 
+@pytest.mark.system  # grep and wc, 25 times
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
