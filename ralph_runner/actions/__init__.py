@@ -154,3 +154,6 @@ class TaskContext:
 KINDS: dict[str, ModuleType] = discovery.discover(
     __name__, Path(__file__).parent, "KEY", required=("Params", "run", "describe")
 )
+# The kinds whose step is no agent's work (AGENT = False: a health check, a verify): no watch
+# runs beside them and `ralph-run pause --now` does not stop them.
+UNWATCHED = frozenset(key for key, kind in KINDS.items() if not getattr(kind, "AGENT", True))

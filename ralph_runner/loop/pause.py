@@ -3,7 +3,7 @@
 The request is a control file, `.ralph/pause` (JSON: when it was asked, `now`, by whom),
 written atomically by `ralph-run pause` (locally, or over the host's connection with `-i`) and
 removed by `ralph-run resume`. The loop looks at it at each iteration boundary: `iterate` is
-the one call the runner makes in place of `_iteration`. While the file is there the loop waits,
+the one call the runner makes in place of `run_iteration`. While the file is there the loop waits,
 polling it every POLL s on the loop's stop event (SIGTERM and SIGINT interrupt the wait as
 they interrupt a step), with `paused` in status.json and the phase `paused`; when the file goes,
 it reads the checklist again (it may have been edited meanwhile) and goes on.
@@ -38,7 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, Interrupted, Problem
@@ -46,15 +46,38 @@ from ralph_runner.process import execute
 from ralph_runner.workspace.state_files import STATE_DIR
 
 if TYPE_CHECKING:
-    from ralph_runner.loop.runner import Runner
+    from ralph_runner.liveness.health import Health
+    from ralph_runner.liveness.service import Service
+    from ralph_runner.loop.state import State, Store
+    from ralph_runner.output import Output
     from ralph_runner.runbook.loader import TaskSpec
-    from ralph_runner.workspace.checklist import Item
+    from ralph_runner.runbook.plan import Plan
+    from ralph_runner.workspace.checklist import Counts, Item
 
 CONTROL = "pause"  # .ralph/pause
 POLL = 0.5  # seconds between looks at the control file
 PHASE = "paused"  # the loop's phase while it waits
 RESUMING = "resuming"  # ... while the `resume:` block and the check after it run
 CHECK_PHASE = "resume"  # the phase of the service check at resume (a death's `phase`)
+
+
+class Loop(Protocol):
+    """What the pause needs of the loop it holds (loop/runner.py's Runner)."""
+
+    store: Store
+    output: Output
+    state: State
+    plan: Plan
+    signals: execute.InterruptsRaise
+    stop: threading.Event
+    service: Service
+    health: Health
+
+    def run_iteration(self, item: Item) -> None: ...
+    def save(self, status_only: bool = False) -> None: ...
+    def checklist_counts(self) -> Counts: ...
+    def forget_counts(self) -> None: ...
+    def ensure_service(self, phase: str, context: dict[str, Any] | None = None) -> None: ...
 
 
 def control_path(workdir: Path) -> Path:
@@ -135,11 +158,11 @@ class _Control:
     """One runner's pause: what the loop's events say runs now, the watch during iterations,
     the wait at the boundary."""
 
-    def __init__(self, runner: Runner) -> None:
-        from ralph_runner.loop.runner import UNWATCHED
+    def __init__(self, runner: Loop) -> None:
+        from ralph_runner.actions import UNWATCHED  # the loop's only: `ralph-run pause` needs none
 
-        self.runner = runner
         self.unwatched = UNWATCHED
+        self.runner = runner
         self.path = control_path(runner.store.workdir)
         self.agent_step: str | None = None  # the process step running now, killable by --now
         self.step_started: float | None = None  # epoch of the last `step` event
@@ -167,7 +190,7 @@ class _Control:
         watch = threading.Thread(target=self._watch, args=(done,), name="pause", daemon=True)
         watch.start()
         try:
-            self.runner._iteration(item)
+            self.runner.run_iteration(item)
         except PausedNow:
             self._end_watch(done, watch)
             self.hold(self.requested or {"now": True})
@@ -192,7 +215,7 @@ class _Control:
                 killed=self.killed,
                 by=wanted.get("by"),
             )
-            runner._save(status_only=True)
+            runner.save(status_only=True)
             stopped = self._block("pause", book.pause_steps).ran > 0
             while read(self.path) is not None:
                 runner.signals.raise_pending()
@@ -204,14 +227,14 @@ class _Control:
         st.phase, self.resuming = RESUMING, True
         try:
             runner.output.event("resumed", iteration=st.iteration, seconds=seconds)
-            runner._save(status_only=True)
+            runner.save(status_only=True)
             resumed = self._block("resume", book.resume_steps)
             if stopped or resumed.ran:
                 self._check_service(stopped, resumed)
         finally:
             self.resuming, self.block = False, None
         st.phase = None
-        runner._save(status_only=True)
+        runner.save(status_only=True)
 
     # -- the runbook's `pause:` and `resume:` blocks ----------------------------------
     def _block(self, which: Literal["pause", "resume"], specs: list[TaskSpec]) -> Block:
@@ -225,7 +248,7 @@ class _Control:
             return block
         runner = self.runner
         self.block = block
-        runner._save(status_only=True)
+        runner.save(status_only=True)
         started = time.monotonic()
         group = tasks.TaskGroup(runner.plan)
         variables = self._variables(which)
@@ -246,7 +269,7 @@ class _Control:
             template_errors_end=True,  # the runbook's to fix: the block's end, not the run's
         ).failure
         block.state = "failed" if block.error else "done"
-        runner._counts = None  # a step may have changed the checklist
+        runner.forget_counts()  # a step may have changed the checklist
         runner.output.event(
             f"{which}-steps",
             ok=block.error is None,
@@ -254,7 +277,7 @@ class _Control:
             seconds=round(time.monotonic() - started, 3),
             error=block.error,
         )
-        runner._save(status_only=True)
+        runner.save(status_only=True)
         return block
 
     def _variables(self, which: str) -> dict[str, Any]:
@@ -265,7 +288,7 @@ class _Control:
             **runner.plan.variables,
             "iteration": st.iteration,
             "deaths": st.deaths,
-            "checklist": runner._checklist_counts().as_dict(),
+            "checklist": runner.checklist_counts().as_dict(),
             "phase": which,
         }
 
@@ -279,9 +302,9 @@ class _Control:
         if stopped:
             runner.service.checked = False  # not running, not dead: as at a run's first check
         if resumed.ran and resumed.error is None:
-            within = runner.model.recovery.healthy_within
+            within = runner.plan.model.recovery.healthy_within
             runner.health.wait_healthy(within, cancel=runner.stop)
-        runner._ensure_alive(CHECK_PHASE)
+        runner.ensure_service(CHECK_PHASE)
 
     def _end_watch(self, done: threading.Event, watch: threading.Thread) -> None:
         """Stop the watch; a --now it set that no step boundary raised is dropped."""
@@ -299,14 +322,14 @@ class _Control:
             if wanted is None:
                 if seen:
                     seen, self.requested = False, None
-                    self.runner._save(status_only=True)
+                    self.runner.save(status_only=True)
                 continue
             if wanted != self.requested:
                 seen, self.requested = True, wanted
                 self.runner.output.event(
                     "pause-requested", now=bool(wanted.get("now")), by=wanted.get("by")
                 )
-                self.runner._save(status_only=True)
+                self.runner.save(status_only=True)
             step = self.agent_step
             if wanted.get("now") and step is not None and self.runner.signals.pending is None:
                 self.killed = step
@@ -340,21 +363,21 @@ class _Control:
         }
 
 
-_controls: weakref.WeakKeyDictionary[Runner, _Control] = weakref.WeakKeyDictionary()
+_controls: weakref.WeakKeyDictionary[Loop, _Control] = weakref.WeakKeyDictionary()
 
 
-def _control(runner: Runner) -> _Control:
+def _control(runner: Loop) -> _Control:
     control = _controls.get(runner)
     if control is None:
         control = _controls[runner] = _Control(runner)
     return control
 
 
-def iterate(runner: Runner, item: Item) -> None:
+def iterate(runner: Loop, item: Item) -> None:
     """The runner's iteration, held while `.ralph/pause` is there (see the module's text)."""
     _control(runner).iterate(item)
 
 
-def status_fields(runner: Runner) -> dict[str, Any]:
+def status_fields(runner: Loop) -> dict[str, Any]:
     """What status.json says about the pause, the step in hand and the item's attempts."""
     return _control(runner).fields()

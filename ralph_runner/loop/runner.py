@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from ralph_runner.actions import KINDS, TaskResult
+from ralph_runner.actions import KINDS, UNWATCHED, TaskResult
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import Facts, StepEntry
@@ -30,7 +30,6 @@ from ralph_runner.workspace import checklist, git
 
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
 # What each action kind declares of itself (actions/__init__.py): no kind is named here.
-UNWATCHED = frozenset(key for key, kind in KINDS.items() if not getattr(kind, "AGENT", True))
 QUICK = frozenset(key for key, kind in KINDS.items() if getattr(kind, "QUICK", False))
 
 
@@ -91,7 +90,7 @@ class Runner:
             self.housekeeping = housekeeping.filter_for(self.plan.workdir, self.ignore)
             health = health_for(self.plan)
             self.service = Service(
-                self.plan, health, death_log, self.state, self._save, self.stop, self.output.event
+                self.plan, health, death_log, self.state, self.save, self.stop, self.output.event
             )
             self.health = health
             # What imports and the runbook's load made lives as long as the run: the collector
@@ -124,7 +123,7 @@ class Runner:
             finally:
                 health.close()
                 self.state.phase = None
-                self._save()
+                self.save()
 
     def _preflight(self) -> None:
         """What would only fail at the first iteration fails now, at its line in the runbook."""
@@ -169,14 +168,14 @@ class Runner:
             if limit and self.state.iteration >= limit:
                 self._summary(text, stopped=True)
                 return ExitCode.MAX_ITERATIONS
-            pause.iterate(self, item)  # self._iteration(item), or a wait: `ralph-run pause`
+            pause.iterate(self, item)  # self.run_iteration(item), or a wait: `ralph-run pause`
 
-    def _iteration(self, item: checklist.Item) -> None:
+    def run_iteration(self, item: checklist.Item) -> None:
         st = self.state
         st.iteration += 1
         st.current_item = item.text
         st.phase = None  # not the last iteration's verify: QUICK steps write no status
-        self._save()
+        self.save()
         deaths_before = st.deaths
         self.failed_step, self.after, self._outputs = None, None, []
         self.before, self.known = self.known or self._snapshot(), None
@@ -221,7 +220,7 @@ class Runner:
             # (vLLM's /v1/models answers 200 for ~0.3 s after its engine died, then the API
             # server exits): look again, at least SETTLE s later, before blaming the item.
             self.stop.wait(max(self.model.health.interval, SETTLE))
-            self._ensure_alive("after-failure")
+            self.ensure_service("after-failure")
             self._account_for(deaths_before, restarts_before)
         died = st.deaths > deaths_before
         # What verify saw is the next iteration's start, unless something ran after it.
@@ -244,7 +243,7 @@ class Runner:
         while st.deaths == deaths_before and self.health.waiting_since() is not None:
             if time.monotonic() > limit or self.stop.wait(self.model.health.interval):
                 return
-            self._ensure_alive("after-failure")
+            self.ensure_service("after-failure")
 
     def _step_record(self, spec: TaskSpec, result: TaskResult) -> StepEntry:
         """A failed or killed step as reports show it: how it ended and its last words."""
@@ -268,7 +267,7 @@ class Runner:
     def _step(self, spec: TaskSpec, group: tasks.TaskGroup, variables: dict) -> TaskResult:
         self.state.phase = spec.name
         if spec.kind not in QUICK:
-            self._save(status_only=True)  # for people watching; the state has not moved
+            self.save(status_only=True)  # for people watching; the state has not moved
         self.output.event("step", step=spec.name, action=spec.kind)
         started = time.monotonic()
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
@@ -342,7 +341,7 @@ class Runner:
                 self._skip(item, strikes)
                 st.streak_skipped.append(item.text)
         st.current_item = None
-        self._save()
+        self.save()
 
     def _waited_out(self, item: checklist.Item) -> bool:
         """A failed attempt whose agent said "usage limit" (limits.py) is no strike and no
@@ -377,7 +376,7 @@ class Runner:
             raise Limited(message, config.exit_code)
         st.phase = None
         self.output.event("limited", **fields)
-        self._save()
+        self.save()
 
         def countdown(left: float) -> None:
             until = limits.when(wait.until)
@@ -475,10 +474,10 @@ class Runner:
     # -- what the runbook's actions call ---------------------------------------
     def ensure_alive(self, phase: str, context: dict[str, Any]) -> TaskResult:
         started = time.monotonic()
-        self._ensure_alive(phase, context)
+        self.ensure_service(phase, context)
         return TaskResult(ok=True, seconds=time.monotonic() - started)
 
-    def _ensure_alive(self, phase: str, context: dict[str, Any] | None = None) -> None:
+    def ensure_service(self, phase: str, context: dict[str, Any] | None = None) -> None:
         self.state.phase = phase
         facts = self._facts()
         if context:
@@ -506,7 +505,7 @@ class Runner:
         return git.snapshot(self.plan.workdir).without(self.housekeeping)
 
     def _variables(self, item: checklist.Item) -> dict[str, Any]:
-        counts = self._checklist_counts()
+        counts = self.checklist_counts()
         item_vars = {
             "text": item.text,
             "line": item.line,
@@ -530,14 +529,18 @@ class Runner:
         self.iteration_vars = variables
         return variables
 
-    def _checklist_counts(self) -> checklist.Counts:
+    def forget_counts(self) -> None:
+        """Something that can change the checklist ran: read its counts again when asked."""
+        self._counts = None
+
+    def checklist_counts(self) -> checklist.Counts:
         if self._counts is None:
             self._counts = checklist.counts(checklist.read(self.checklist_path))
         return self._counts
 
     def _facts(self) -> Facts:
         variables = self.iteration_vars
-        counts = self._checklist_counts()
+        counts = self.checklist_counts()
         return {
             "iteration": self.state.iteration,
             "item": variables.get("item"),
@@ -548,7 +551,7 @@ class Runner:
             "variables": {**variables, "checklist": counts.as_dict()},
         }
 
-    def _save(self, status_only: bool = False) -> None:
+    def save(self, status_only: bool = False) -> None:
         """Persist state and status; a full disk is reported, and the loop goes on."""
         try:
             if not status_only:
@@ -561,7 +564,7 @@ class Runner:
         self.output.event("warning", message=message)
 
     def _status(self) -> dict[str, Any]:
-        counts = self._checklist_counts()
+        counts = self.checklist_counts()
         st = self.state
         return {
             "status": st.status,
