@@ -10,7 +10,11 @@ grows with each chunk of a long prefill while no token counter moves until it en
   window need only outlast one engine step (one prefill chunk), not a whole long prompt;
 - idle and nothing moved: a 1-token canary must be answered within the probe's timeout; an
   error status is "status" (vLLM answers 500 once its engine died); no answer and still no
-  token is "stalled", unless more requests than our canary are now active (then: busy).
+  token is "stalled", unless more requests than our canary are now active (then: busy). An
+  engine that answered a canary before gets `stall_after` s from its first unanswered one: the
+  gauges say "idle" until an engine step ends, so the first chunk of a long prompt that just
+  came looks like an idle engine that does not answer (12 s of it made two false deaths in a
+  row on a slow machine). A server that never answered one (one starting) gets no such grace.
 - `vllm:engine_sleep_state{sleep_state="awake"}` at 0: the engine was put to sleep (sleep
   mode), it serves nothing: "stalled", and the death's class says "sleeping".
 
@@ -84,6 +88,7 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
     state["total"], state["motion"], state["active"] = seen.total, seen.motion, seen.active
     if restarted(state, seen, last):
         state["waiting_since"] = None
+        state.pop("answered", None)  # a new server: it has answered nothing yet
     if seen.sleeping:
         return (
             False,
@@ -92,14 +97,17 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
         )
     if last is not None and seen.total > last:
         state["waiting_since"] = now if seen.active > 0 else None
+        state.pop("unanswered_since", None)
         gained = seen.total - last
         return True, None, f"progress: +{gained:g} tokens, {seen.active:g} active{seen.note}"
     if last is None or seen.total < last:  # first look, or a new server: its counters restart
         state["waiting_since"] = None
     elif seen.active > 0 and last_motion is not None and seen.motion != last_motion:
         state["waiting_since"] = now  # a prefill chunk, a cache step: no token yet, but work
+        state.pop("unanswered_since", None)
         return True, None, f"progress: the engine steps ({moved(params, last_motion, seen)})"
     if seen.active > 0:
+        state.pop("unanswered_since", None)  # work shows: its own stall clock runs
         return without_tokens(params, state, seen.active, seen.note)
     state["waiting_since"] = None
     if params.completion is None:
@@ -167,6 +175,8 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
         return after
     ctx.state["total"] = after.total  # our canary's own tokens are no progress of the engine
     ctx.state["motion"] = after.motion
+    ctx.state["answered"] = True
+    ctx.state.pop("unanswered_since", None)
     return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
 
 
@@ -185,12 +195,19 @@ def canary_unanswered(
     state["total"], state["active"] = again.total, again.active
     if again.total > before.total:  # our canary waits behind that work, so work is active
         state["waiting_since"] = time.monotonic()
+        state.pop("unanswered_since", None)
         gained = again.total - before.total
         return True, None, f"busy: +{gained:g} tokens while our 1-token request waited"
     state["waiting_since"] = sent
     if again.active > 1:  # our canary is at most one of them
         return without_tokens(params, state, again.active)
-    return False, "stalled", f"idle engine did not answer a 1-token request within {within:.1f} s"
+    unanswered = "idle engine did not answer a 1-token request within"
+    if not state.get("answered"):
+        return False, "stalled", f"{unanswered} {within:.1f} s"
+    quiet = time.monotonic() - state.setdefault("unanswered_since", sent)
+    if quiet < params.stall_after:  # an engine step under way that the gauges do not show yet?
+        return True, None, f"busy?: no answer to a 1-token request for {quiet:.1f} s, gauges idle"
+    return False, "stalled", f"{unanswered} {quiet:.1f} s"
 
 
 def reserve(ctx: ProbeContext) -> float:

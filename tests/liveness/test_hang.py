@@ -107,18 +107,20 @@ def test_a_hang_with_the_agents_request_active_is_stalled_after_stall_after(engi
     assert detail.startswith("no token for ") and detail.endswith(" s while 1 requests active")
 
 
-def test_an_idle_hang_is_stalled_at_the_first_canary(engine, health):
+def test_an_idle_hang_is_stalled_within_the_bound(engine, health):
+    """Nothing active, the canary unanswered: the engine answered one before, so the stall clock
+    runs from its first unanswered canary (the gauges lag a long first prefill chunk), and the
+    hang is found within the same bound as one with work active."""
     health.check(1)
     with Watch(health, WATCH, iteration=1) as watch:
         wait_for(lambda: engine.completions >= 2, 10, "a watch round's canary")
         engine.hang()  # nothing active: the gauges say idle, the engine answers nothing
         seconds = found_within(watch, BOUND + MARGIN)
-    idle_bound = WATCH + FAILURES * (TIMEOUT + GRACE) + (FAILURES - 1) * INTERVAL
-    print(f"idle hang: death after {seconds:.2f} s (bound {idle_bound:.2f} s)")
-    assert seconds < idle_bound + MARGIN
+    print(f"idle hang: death after {seconds:.2f} s (bound {BOUND:.2f} s)")
+    assert seconds < BOUND + MARGIN
     ((name, reason, detail),) = failing(watch)
     assert (name, reason) == ("engine progress", "stalled")
-    assert detail.startswith("idle engine did not answer a 1-token request within 0.")
+    assert detail.startswith("idle engine did not answer a 1-token request within ")
 
 
 def test_a_dead_engine_is_a_status_death_at_once(engine, health):

@@ -85,6 +85,33 @@ def test_idle_hang_is_stalled_within_the_timeout(engine, prober):
     assert time.monotonic() - started < prober.ctx.timeout + MARGIN
 
 
+def test_an_engine_that_answered_gets_stall_after_before_an_unanswered_canary_is_stalled(
+    engine, client
+):
+    """The gauges say idle until an engine step ends: the first chunk of a long prompt that just
+    came looks like an idle engine that does not answer. One that answered a canary before gets
+    stall_after s from its first unanswered one; a hang is still stalled once they are up."""
+    prober = Prober(client, params_for(engine, stall_after=3.0), timeout=1.0)
+    assert verdict(prober.check()) == (True, None)  # it answered
+    engine.hang()
+    first = prober.check()
+    assert verdict(first) == (True, None) and first.detail.startswith("busy?: no answer"), first
+
+    def failed() -> ProbeResult | None:
+        result = prober.check()
+        return None if result.ok else result
+
+    result = wait_for(failed, 10, "the hang to be stalled")
+    assert result.reason == "stalled" and "did not answer a 1-token request" in result.detail
+
+
+def test_a_server_that_never_answered_gets_no_grace(engine, client):
+    """A server starting (a recovery waits for it) that does not answer is not busy: stalled."""
+    prober = Prober(client, params_for(engine, stall_after=30.0), timeout=1.0)
+    engine.hang()
+    assert verdict(prober.check()) == (False, "stalled")
+
+
 def test_idle_dead_engine_is_a_status_failure(engine, prober):
     engine.completion_status = 500
     result = prober.check()
