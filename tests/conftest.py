@@ -32,6 +32,7 @@ UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer ru
 SSH_MODULES = {"test_remote", "test_fleet_status", "test_deploy"}
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _skip_reasons: dict[str, set[str]] = defaultdict(set)
+_seconds: dict[str, float] = defaultdict(float)  # setup + call + teardown, per tier
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -71,6 +72,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tier = next((t for t in TIERS if t in report.keywords), "system")
+    _seconds[tier] += report.duration
     if report.skipped:
         _outcomes[tier]["skipped"] += 1
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -107,6 +109,7 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
             continue
         ran = counts["passed"] + counts["failed"]
         line = f"{tier:9} ran {ran:4} ({counts['failed']} failed)  skipped {counts['skipped']:4}"
+        line += f"  {_seconds[tier]:7.1f} s"
         if counts["skipped"]:
             why = allowed.get(tier) or "; ".join(sorted(_skip_reasons[tier]))[:160]
             line += f"  why: {why}"
