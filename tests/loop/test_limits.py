@@ -29,7 +29,7 @@ from ralph_runner.loop import limits
 pytestmark = pytest.mark.timeout(90)
 
 MARGIN = 2
-RESET_IN = 20
+RESET_IN = 8  # s to a limit's reset: the loop must be seen waiting, and wait it out
 
 # claude -p at its usage limit until the epoch in $3 (written at the first call), then it works.
 CLAUDE = r"""#!/bin/bash
