@@ -5,8 +5,9 @@ VLLM::EngineCore (of the 8-layer model, whose generations last); the stand-in th
 admin endpoint (engine_hang, resume, engine_death).
 
 One server per kind for the whole module (a cold vLLM start costs 20-40 s, minutes on a loaded
-machine); the engine-death check ends it, so it comes last. This module sorts before
-test_real_loops.py, whose session server starts only after this one has gone: never two vLLMs.
+machine); the engine-death check ends it, so it comes last. It is this test's child, not the
+session's server (test_real_blame.py, which sorts first, starts that one through the start
+script, and it idles meanwhile): the death check needs the API server's own exit code.
 """
 
 from __future__ import annotations
