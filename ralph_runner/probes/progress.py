@@ -13,8 +13,9 @@ grows with each chunk of a long prefill while no token counter moves until it en
   token is "stalled", unless more requests than our canary are now active (then: busy). An
   engine that answered a canary before gets `stall_after` s from its first unanswered one: the
   gauges say "idle" until an engine step ends, so the first chunk of a long prompt that just
-  came looks like an idle engine that does not answer (a 48,000-token prompt gave six false
-  deaths in a row on a slow machine). A server that never answered one gets no such grace.
+  came looks like an idle engine that does not answer (on a CPU build, a long prompt's first
+  2,048-token step took 12.7 s, longer than the canary's 5 s). A server that never answered
+  one gets no such grace.
 - `vllm:engine_sleep_state{sleep_state="awake"}` at 0: the engine was put to sleep (sleep
   mode), it serves nothing: "stalled", and the death's class says "sleeping".
 
