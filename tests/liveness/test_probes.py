@@ -9,6 +9,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -393,12 +394,28 @@ def test_process_zombie_does_not_count(sleeper, client):
     assert (result.ok, result.reason) == (False, "refused")
 
 
-def test_process_probe_never_finds_ralph_run_itself(client):
-    own = re.escape(" ".join(psutil.Process().cmdline()))
+# The probe in a process of its own, whose command line its pattern matches: a token of the
+# test's own makes it the only one (pytest-xdist's workers share one command line).
+SELF_PROBE = """
+import re, sys
+import httpx, psutil
+from ralph_runner import probes
+from ralph_runner.probes import ProbeContext, run_probe
+from ralph_runner.process.connection import for_host
+own = re.escape(" ".join(psutil.Process().cmdline()))
+params = probes.KINDS["process"].Params.model_validate({"cmdline": own})
+ctx = ProbeContext(client=httpx.Client(), connection=for_host({}), timeout=2.0)
+result = run_probe("process probe", "process", params, ctx)
+print(result.ok, result.reason)
+"""
 
-    result = probe("process", {"cmdline": own}, client)
 
-    assert (result.ok, result.reason) == (False, "refused")
+def test_process_probe_never_finds_ralph_run_itself(tmp_path):
+    command = [sys.executable, "-c", SELF_PROBE, str(tmp_path)]
+
+    answer = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+
+    assert answer.stdout.split() == ["False", "refused"]
 
 
 def test_process_params_need_a_field_and_a_valid_regex():
@@ -571,13 +588,14 @@ def test_nvml_action_without_driver(tmp_path):
 def test_processes_action_lists_the_matching_process(tmp_path, sleeper):
     child, _ = sleeper
     module = ACTIONS["processes"]
-    params = module.Params.model_validate({"top": 3, "match": "rr_sleeper|pytest"})
+    # The sleeper's own path: no other process (a parallel test's sleeper) matches it.
+    match = re.escape(str(tmp_path / "rr_sleeper"))
+    params = module.Params.model_validate({"top": 3, "match": match})
 
     result = module.run(params, task_context(tmp_path))
 
     assert result.ok
-    matched = {row["pid"] for row in result.data["matches"]}
-    assert {child.pid, psutil.Process().pid} <= matched
+    assert [row["pid"] for row in result.data["matches"]] == [child.pid]
     assert len(result.data["top"]) == 3
     assert "top 3 processes by memory:" in result.output
     assert re.search(rf"^\s+{child.pid}\s+[\d.]+\s+[\d.]+\s+\S*rr_sleeper 30$", result.output, re.M)
