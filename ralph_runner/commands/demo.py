@@ -24,10 +24,10 @@ from ralph_runner.loop import state
 from ralph_runner.loop.runner import Runner
 from ralph_runner.output import Output
 from ralph_runner.process import execute
-from ralph_runner.runbook import plan
+from ralph_runner.runbook import loader, plan
 
 PACKAGE = Path(__file__).resolve().parents[1]
-RUNBOOK = PACKAGE / "runbooks" / "demo.yaml"  # runbooks/ is linked into the package
+RUNBOOK = loader.shipped("runbooks") / "demo.yaml"
 START_SCRIPT = PACKAGE / "standin" / "start_server.sh"
 ITEMS = [
     "README: say what the game is",

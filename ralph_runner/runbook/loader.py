@@ -18,7 +18,17 @@ from ralph_runner.errors import FatalError, Problem
 from ralph_runner.runbook import schema, yamlfile
 from ralph_runner.runbook.yamlfile import Document
 
-SHIPPED_COLLECTORS = Path(__file__).parents[1] / "collectors"
+
+def shipped(folder: str) -> Path:
+    """A folder that ships with ralph-run (runbooks/, collectors/): inside the installed
+    package (setup.py copies it there), or at the top of a source checkout, where operators
+    read it and an editable install leaves it."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / folder
+    return inside if inside.is_dir() else package.parent / folder
+
+
+SHIPPED_COLLECTORS = shipped("collectors")
 
 
 @dataclass

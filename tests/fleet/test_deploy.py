@@ -128,6 +128,17 @@ def _installs_and_changes_nothing(tmp_path: Path) -> None:
             )
             assert check.returncode == 0, check.stderr  # the installed ralph-run reads its loop
             assert f"vllm-{name}" in check.stdout
+            # The wheel carries the shipped runbooks and collector sets (setup.py copies them
+            # into the package): `ralph-run demo` and `use:` find them in the installed package.
+            python = home / "venv" / "bin" / "python"
+            where = "from ralph_runner.runbook import loader; print(loader.shipped('{0}'))"
+            for folder, file in (("runbooks", "demo.yaml"), ("collectors", "docker.yaml")):
+                found = subprocess.run(
+                    [str(python), "-c", where.format(folder)], capture_output=True, text=True
+                )
+                shipped = Path(found.stdout.strip())
+                assert shipped.is_relative_to(home / "venv"), found.stdout + found.stderr
+                assert (shipped / file).is_file(), shipped
             if shutil.which("systemd-analyze"):
                 verify = subprocess.run(
                     ["systemd-analyze", "verify", str(unit)],
