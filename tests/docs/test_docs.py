@@ -81,7 +81,7 @@ def test_readme_starts_with_the_demo_and_the_tests() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     head = text[:1000]
     demo = "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/ralph-run demo"
-    tests = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/pytest -q"
+    tests = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && tests/run"
     assert demo in head and tests in head
     assert head.index(demo) < head.index(tests)
 

@@ -588,13 +588,15 @@ def test_malformed_extra_vars(value, message):
     assert caught.value.problems == [Problem(message)]
 
 
-def test_extra_vars_file_missing_or_not_a_mapping(tmp_path):
-    missing = tmp_path / "missing.yaml"
+def test_extra_vars_file_missing_or_not_a_mapping(tmp_path, monkeypatch):
+    # Relative names: the message shortens a long argument (as a pytest-xdist worker's tmp_path).
+    monkeypatch.chdir(tmp_path)
+    missing = Path("missing.yaml")
     with pytest.raises(FatalError) as caught:
         inventory.parse_extra_vars([f"@{missing}"])
     assert caught.value.problems == [Problem(f"-e '@{missing}': file not found", str(missing))]
 
-    listed = tmp_path / "list.yaml"
+    listed = Path("list.yaml")
     listed.write_text("---\n- model: qwen\n")
     with pytest.raises(FatalError) as caught:
         inventory.parse_extra_vars([f"@{listed}"])
