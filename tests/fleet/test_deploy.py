@@ -133,8 +133,8 @@ def _installs_and_changes_nothing(tmp_path: Path) -> None:
             python = home / "venv" / "bin" / "python"
             where = "from ralph_runner.runbook import loader; print(loader.shipped('{0}'))"
             for folder, file in (("runbooks", "demo.yaml"), ("collectors", "docker.yaml")):
-                found = subprocess.run(
-                    [str(python), "-c", where.format(folder)], capture_output=True, text=True
+                found = subprocess.run(  # -I: not the checkout's package from the cwd
+                    [str(python), "-I", "-c", where.format(folder)], capture_output=True, text=True
                 )
                 shipped = Path(found.stdout.strip())
                 assert shipped.is_relative_to(home / "venv"), found.stdout + found.stderr
