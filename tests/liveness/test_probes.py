@@ -397,7 +397,7 @@ def test_process_zombie_does_not_count(sleeper, client):
 # The probe in a process of its own, whose command line its pattern matches: a token of the
 # test's own makes it the only one (pytest-xdist's workers share one command line).
 SELF_PROBE = """
-import re, sys
+import re
 import httpx, psutil
 from ralph_runner import probes
 from ralph_runner.probes import ProbeContext, run_probe
