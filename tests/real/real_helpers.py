@@ -12,11 +12,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+from standin_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache"
@@ -276,3 +278,57 @@ class LongGeneration:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RealVllm:
+    """The real API server (of the slow model) as the test process's own child, in its own
+    session (the group is its tree), so its exit code can be seen: test_real_faithful.py's."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = directory / "vllm.log"
+        command = [str(PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--model", str(SLOW_MODEL_DIR)]
+        command += ["--served-model-name", SERVED_NAME, *SLOW_ARGS.split()]
+        with self.log_path.open("wb") as log:
+            self.child = subprocess.Popen(
+                command,
+                env={**os.environ, **ENGINE_ENV},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pids: list[int] = []
+
+    def wait_healthy(self) -> None:
+        def up() -> bool:
+            assert self.child.poll() is None, f"vLLM exited: {self.log()[-2000:]}"
+            try:
+                return httpx.get(f"{self.root_url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, START_TIMEOUT, "vLLM to start")
+        self.pids = [p.pid for p in group_of(self.child.pid)]
+
+    def signal_engine(self, signum: signal.Signals) -> Callable[[], None]:
+        return lambda: role(group_of(self.child.pid), ENGINE_CORE).send_signal(signum)
+
+    def exit_code(self, timeout: float) -> int | None:
+        try:
+            return self.child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def close(self) -> None:
+        """Kills what is left of the group (after a failed check) and waits until none is."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGCONT)
+            os.killpg(self.child.pid, signal.SIGKILL)
+        self.child.wait(30)
+        wait_until(lambda: not gone(self.pids), 15, "vLLM's processes to end")

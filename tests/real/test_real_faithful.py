@@ -5,35 +5,19 @@ VLLM::EngineCore (of the 8-layer model, whose generations last); the stand-in th
 admin endpoint (engine_hang, resume, engine_death).
 
 One server per kind for the whole module (a cold vLLM start costs 20-40 s, minutes on a loaded
-machine); the engine-death check ends it, so it comes last. It is this test's child, not the
-session's server (test_real_blame.py, which sorts first, starts that one through the start
-script, and it idles meanwhile): the death check needs the API server's own exit code.
+machine); the engine-death check ends it, so it comes last. The real one is a child of the test
+process, not the session's server: the death check needs the API server's own exit code.
+tests/real/conftest.py starts it at the tier's first test, beside the session's engine (their
+cold starts side by side: 82 s here; one after the other: ~120 s), and it idles until here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
-import httpx
 import pytest
-from real_helpers import (
-    ENGINE_CORE,
-    ENGINE_ENV,
-    PYTHON,
-    SERVED_NAME,
-    SLOW_ARGS,
-    SLOW_MODEL_DIR,
-    START_TIMEOUT,
-    gone,
-    group_of,
-    role,
-    wait_until,
-)
+from real_helpers import SERVED_NAME, RealVllm
 from standin_helpers import (
     StandIn,
     Target,
@@ -44,7 +28,6 @@ from standin_helpers import (
     check_engine_hang,
     check_metrics_exposition,
     check_responses_stream,
-    free_port,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,86 +40,35 @@ STANDIN_ARGS = ("--tokens-per-second", "100", "--max-num-seqs", "1")
 REAL_LONG_TOKENS = 4000
 
 
-class RealVllm:
-    """The real API server as this test's child (its own session: the group is its tree)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.root_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = directory / "vllm.log"
-        command = [str(PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
-        command += ["--host", "127.0.0.1", "--port", str(self.port), "--model", str(SLOW_MODEL_DIR)]
-        command += ["--served-model-name", SERVED_NAME, *SLOW_ARGS.split()]
-        with self.log_path.open("wb") as log:
-            self.child = subprocess.Popen(
-                command,
-                env={**os.environ, **ENGINE_ENV},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pids: list[int] = []
-
-    def wait_healthy(self) -> None:
-        def up() -> bool:
-            assert self.child.poll() is None, f"vLLM exited: {self.log()[-2000:]}"
-            try:
-                return httpx.get(f"{self.root_url}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, START_TIMEOUT, "vLLM to start")
-        self.pids = [p.pid for p in group_of(self.child.pid)]
-
-    def signal_engine(self, signum: signal.Signals) -> Callable[[], None]:
-        return lambda: role(group_of(self.child.pid), ENGINE_CORE).send_signal(signum)
-
-    def exit_code(self, timeout: float) -> int | None:
-        try:
-            return self.child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def target(self) -> Target:
-        return Target(
-            root_url=self.root_url,
-            model=SERVED_NAME,
-            hang=self.signal_engine(signal.SIGSTOP),
-            resume=self.signal_engine(signal.SIGCONT),
-            kill=self.signal_engine(signal.SIGKILL),
-            exit_code=self.exit_code,
-            log=self.log,
-            long_tokens=REAL_LONG_TOKENS,
-        )
-
-    def close(self) -> None:
-        """Kills what is left of the group (after a failed check) and waits until none is."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, signal.SIGCONT)
-            os.killpg(self.child.pid, signal.SIGKILL)
-        self.child.wait(30)
-        wait_until(lambda: not gone(self.pids), 15, "vLLM's processes to end")
+def real_target(server: RealVllm) -> Target:
+    return Target(
+        root_url=server.root_url,
+        model=SERVED_NAME,
+        hang=server.signal_engine(signal.SIGSTOP),
+        resume=server.signal_engine(signal.SIGCONT),
+        kill=server.signal_engine(signal.SIGKILL),
+        exit_code=server.exit_code,
+        log=server.log,
+        long_tokens=REAL_LONG_TOKENS,
+    )
 
 
 @pytest.fixture(scope="module", params=["stand-in", pytest.param("vllm", marks=pytest.mark.real)])
 def target(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    faithful_vllm: RealVllm | None,
 ) -> Iterator[Target]:
-    directory = tmp_path_factory.mktemp(request.param)
     if request.param == "stand-in":
-        with StandIn(directory) as standin:
+        with StandIn(tmp_path_factory.mktemp(request.param)) as standin:
             yield standin.target(standin.spawn(*STANDIN_ARGS))
         return
-    server = RealVllm(directory)
+    assert faithful_vllm is not None  # started by tests/real/conftest.py, beside the engine
     try:
-        server.wait_healthy()
-        yield server.target()
+        faithful_vllm.wait_healthy()
+        yield real_target(faithful_vllm)
     finally:
-        server.close()
+        faithful_vllm.close()
 
 
 def test_metrics_have_vllms_names_types_and_labels(target: Target) -> None:
