@@ -60,7 +60,7 @@ def faithful_vllm(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, engine_env: None
 ) -> Iterator[RealVllm | None]:
     """test_real_faithful.py's vLLM, started (not waited for) at the tier's first test, so its
-    cold start runs beside the session engine's: 82 s for both here, ~120 s one after the other.
+    cold start runs beside the session engine's: both were up in 82 s here, one alone in 63 s.
     A vLLM that has served no request yet takes no CPU (measured: the machine 98% idle). None
     when no faithful check on the real engine runs."""
     wanted = any(

@@ -8,7 +8,7 @@ One server per kind for the whole module (a cold vLLM start costs 20-40 s, minut
 machine); the engine-death check ends it, so it comes last. The real one is a child of the test
 process, not the session's server: the death check needs the API server's own exit code.
 tests/real/conftest.py starts it at the tier's first test, beside the session's engine (their
-cold starts side by side: 82 s here; one after the other: ~120 s), and it idles until here.
+cold starts side by side: 82 s here; one alone: 63 s), and it idles until here.
 """
 
 from __future__ import annotations
