@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,43 @@ def process_gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# Reading another process races its end: between two reads it may exit, turn zombie (psutil
+# then raises ZombieProcess from cmdline()) or be reaped (NoSuchProcess). A test that scans
+# processes reads each through these, never through a bare psutil call.
+
+
+def cmdline_of(process: psutil.Process) -> list[str]:
+    """`process`'s command line; [] once it has ended, turned zombie or cannot be read."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def alive(process: psutil.Process) -> bool:
+    """True while `process` runs; False once it has ended, been reaped or is a zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def live_children(of: psutil.Process | None = None) -> list[psutil.Process]:
+    """The live (not zombie) descendants of `of` (this process by default); [] once it ended."""
+    try:
+        children = (of or psutil.Process()).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [child for child in children if alive(child)]
+
+
+def unique_token() -> str:
+    """Twelve digits no other test's process has in its command line (pytest-xdist runs three
+    tests at a time: a test that matched any `sleep 300` found another test's agent). Digits, so
+    that it also makes a duration of its own: `sleep 300.{token}`."""
+    return f"{uuid.uuid4().int % 10**12:012d}"
 
 
 # Behavioural checks that hold for the stand-in and for a real vLLM alike. Each takes a `Target`:

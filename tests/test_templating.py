@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -326,14 +327,16 @@ def test_failing_pipe_is_fatal_with_its_output(templar: Templar) -> None:
 
 def test_pipe_timeout_is_fatal_and_leaves_no_process(tmp_path: Path) -> None:
     templar = Templar(tmp_path, pipe_timeout=0.5)
+    # A duration of this test's own: no other test's sleep (pytest-xdist runs three) matches it.
+    seconds = f"31.{uuid.uuid4().int % 10**12:012d}"
     started = time.monotonic()
     with pytest.raises(FatalError, match=r"timed out after 0\.5 s"):
-        templar.render("{{ lookup('pipe', 'sleep 31.7 & sleep 31.7') }}", {})
+        templar.render(f"{{{{ lookup('pipe', 'sleep {seconds} & sleep {seconds}') }}}}", {})
     assert time.monotonic() - started < 10
     deadline = time.monotonic() + 5
-    while _processes(["sleep", "31.7"]) and time.monotonic() < deadline:
+    while _processes(["sleep", seconds]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes(["sleep", "31.7"]) == []
+    assert _processes(["sleep", seconds]) == []
 
 
 def test_check_mode_runs_no_pipe(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from ralph_runner.plugins.fields import Regex
 from ralph_runner.probes import ProbeContext
+from ralph_runner.process.execute import lineage
 
 KIND = "process"
 
@@ -40,11 +41,12 @@ class Params(BaseModel):
 
 def ourselves() -> set[int]:
     """This process and its ancestors: they must not pass for the watched service."""
-    me = psutil.Process()
-    return {me.pid, *(parent.pid for parent in me.parents())}
+    return lineage()
 
 
 def matches(process: psutil.Process, params: Params) -> bool:
+    """Any process may end, turn zombie or be unreadable while it is read (psutil.Error:
+    ZombieProcess, NoSuchProcess, AccessDenied): then it is no match."""
     try:
         if process.status() == psutil.STATUS_ZOMBIE:
             return False
@@ -53,14 +55,14 @@ def matches(process: psutil.Process, params: Params) -> bool:
         return params.cmdline is None or bool(
             re.search(params.cmdline, " ".join(process.cmdline()))
         )
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except psutil.Error:
         return False
 
 
 def name_of(process: psutil.Process) -> str:
     try:
         return process.name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except psutil.Error:
         return "?"
 
 

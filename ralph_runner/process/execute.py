@@ -585,8 +585,22 @@ def _kill_trees(pids: Iterable[int], grace: float) -> None:
 
 def _ourselves() -> set[int]:
     """Pids and group ids a kill must never hit: init, ralph-run, its group and ancestors."""
-    me = psutil.Process()
-    return {0, 1, me.pid, os.getpgrp(), *(parent.pid for parent in me.parents())}
+    return {0, 1, os.getpgrp(), *lineage()}
+
+
+def lineage() -> set[int]:
+    """This process's pid and its ancestors', read up the kernel's parent links. Not psutil's
+    parents(): it raises NoSuchProcess when an ancestor ends while the chain is read; here that
+    ends the walk (the processes below it have a new parent by then), with what was read."""
+    pids: set[int] = set()
+    pid = os.getpid()
+    while pid > 0 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = psutil.Process(pid).ppid()
+        except psutil.Error:
+            break
+    return pids
 
 
 def _wait_gone(processes: list[psutil.Process], grace: float) -> list[psutil.Process]:

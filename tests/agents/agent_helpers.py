@@ -161,7 +161,7 @@ class AgentScenario(Scenario):
 
     def step_session(self, ralph_pid: int) -> list[psutil.Process]:
         """Every live process in the session ralph-run started the agent's step in."""
-        sids = {_sid(p) for p in self.agent_tree(ralph_pid) if p.ppid() == ralph_pid}
+        sids = {_sid(p) for p in self.agent_tree(ralph_pid) if _ppid(p) == ralph_pid}
         sids.discard(None)
         return [p for p in psutil.process_iter() if _sid(p) in sids]
 
@@ -194,6 +194,13 @@ def _sid(process: psutil.Process) -> int | None:
     try:
         return os.getsid(process.pid)
     except OSError:
+        return None
+
+
+def _ppid(process: psutil.Process) -> int | None:
+    try:
+        return process.ppid()
+    except psutil.Error:  # it ended since the tree was read
         return None
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 from agent_helpers import RECIPES, AgentScenario, ended, wait_all_gone
-from standin_helpers import ROOT, START_SCRIPT, wait_for
+from standin_helpers import ROOT, START_SCRIPT, cmdline_of, wait_for
 
 AGENTS = ["opencode", "codex", "aider"]
 # What each agent leaves in the repository besides its work (README, "Agents")
@@ -253,7 +253,7 @@ def test_opencode_stopped_mid_call_is_killed_by_its_idle_timeout(
     scenario.wait_agent_asked()
     scenario.wait_agent_running(run.process.pid)
     tree = scenario.agent_tree(run.process.pid)
-    assert any("opencode" in " ".join(p.cmdline()) for p in tree), tree
+    assert any("opencode" in " ".join(cmdline_of(p)) for p in tree), tree
     for process in tree:
         process.suspend()
     stopped = time.time()

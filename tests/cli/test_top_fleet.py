@@ -56,17 +56,17 @@ def stopped(server: Sshd) -> Iterator[None]:
     # login shell stopped inside `pyenv rehash` would hold its lock against the others'.
     processes = [listener]
     for child in listener.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):  # a session that just ended
+        with contextlib.suppress(psutil.Error):  # a session that just ended
             if child.name().startswith("sshd"):
                 processes.append(child)
     for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):  # a session that just ended
+        with contextlib.suppress(psutil.Error):  # a session that just ended
             process.suspend()
     try:
         yield
     finally:
         for process in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
+            with contextlib.suppress(psutil.Error):
                 process.resume()
 
 

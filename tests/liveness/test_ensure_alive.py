@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
-from standin_helpers import ROOT, START_SCRIPT, StandIn, wait_for
+from standin_helpers import ROOT, START_SCRIPT, StandIn, unique_token, wait_for
 
 from ralph_runner.liveness import diagnostics
 from ralph_runner.runbook import plan
@@ -49,6 +49,7 @@ def write_runbook(tmp_path: Path, text: str) -> Path:
 
 def test_hung_collector_never_holds_the_others(tmp_path):
     work = workspace(tmp_path)
+    never = f"echo never {unique_token()}"  # this test's own: no other test's shell matches it
     runbook = write_runbook(
         tmp_path,
         f"""\
@@ -57,7 +58,7 @@ def test_hung_collector_never_holds_the_others(tmp_path):
           timeout: 1
           collect:
             - name: hangs
-              shell: sleep 1000; echo never
+              shell: sleep 1000; {never}
             - name: quick
               shell: echo quick
             - name: slowish
@@ -79,7 +80,7 @@ def test_hung_collector_never_holds_the_others(tmp_path):
     assert not [
         q
         for q in psutil.process_iter(["cmdline"])
-        if q.info["cmdline"] and "sleep 1000; echo never" in " ".join(q.info["cmdline"])
+        if q.info["cmdline"] and never in " ".join(q.info["cmdline"])
     ]
 
 
@@ -173,14 +174,21 @@ def test_crash_loop_gives_up_instead_of_flapping(tmp_path):
 
 def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
     """The real runbook, its server killed under the agent: its report has the seed's sections.
-    (A server down at the run's first check is a start, not a death: it is seen up first.)"""
+    (A server down at the run's first check is a start, not a death: it is seen up first.)
+
+    The agent and the start script sleep for durations of this test's own: they are found by
+    their command lines, and a plain `sleep 300` matched another test's agent (test_hang.py's)
+    under pytest-xdist: the server was then killed before this run's agent had started, the
+    run saw it down at its first check (a start, not a death), and no death record came."""
     work = workspace(tmp_path)
+    token = unique_token()
+    agent, recovery = ["sleep", f"300.{token}"], ["sleep", f"301.{token}"]
     start = tmp_path / "start_vllm.sh"  # a start that never finishes: we stop the run there
-    start.write_text("#!/bin/sh\nexec sleep 301\n")
+    start.write_text(f"#!/bin/sh\nexec {' '.join(recovery)}\n")
     start.chmod(0o755)
     bin_dir = tmp_path / "bin"  # an agent that works until the server's death kills it
     bin_dir.mkdir()
-    (bin_dir / "opencode").write_text("#!/bin/sh\nexec sleep 300\n")
+    (bin_dir / "opencode").write_text(f"#!/bin/sh\nexec {' '.join(agent)}\n")
     (bin_dir / "opencode").chmod(0o755)
     server = StandIn(tmp_path / "vllm")
     child = server.spawn()
@@ -206,12 +214,16 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
     )
     try:
-        wait_for(lambda: running(["sleep", "300"]), 30, "the agent")
+        # Bounds for three tests at a time on two busy cores: the agent starts after the
+        # run's start check; the death needs two failed rounds of the 3 s watch, then the
+        # collectors (15 s each at most, all at once) before the record is written.
+        wait_for(lambda: running(agent) or proc.poll() is not None, 60, "the agent")
+        assert proc.poll() is None, "ralph-run ended before its agent ran"
         child.kill()
         child.wait(10)
         records = work / "logs/vllm-deaths.jsonl"
         wait_for(lambda: records.is_file() and records.read_text().strip(), 60, "a death record")
-        wait_for(lambda: running(["sleep", "301"]), 20, "the recovery step")
+        wait_for(lambda: running(recovery), 30, "the recovery step")
     finally:
         child.kill()
         proc.send_signal(signal.SIGTERM)
@@ -240,9 +252,7 @@ def test_vllm_runbook_report_on_a_machine_without_docker_or_gpu(tmp_path):
     assert any(p["reason"] == "refused" for p in death["probes"])
     (docker,) = [c for c in death["collectors"] if c["name"] == "docker container status"]
     assert not docker["ok"] or not docker["output"].strip()  # no docker, or no such container
-    assert not [
-        q for q in psutil.process_iter(["cmdline"]) if q.info["cmdline"] == ["sleep", "300"]
-    ]
+    assert not running(agent)
     assert json.loads((work / ".ralph/state.json").read_text())["status"] == "interrupted"
 
 
@@ -367,4 +377,8 @@ def test_a_runbooks_own_report_template_is_used(tmp_path):
 
 
 def running(cmdline: list[str]) -> bool:
-    return any(q.info["cmdline"] == cmdline for q in psutil.process_iter(["cmdline"]))
+    """A live process runs exactly `cmdline` (zombies have ended)."""
+    return any(
+        q.info["cmdline"] == cmdline and q.info["status"] != psutil.STATUS_ZOMBIE
+        for q in psutil.process_iter(["cmdline", "status"])
+    )

@@ -18,7 +18,15 @@ import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, Scenario, make_workspace
 from engine_helpers import Engine
-from standin_helpers import ROOT, Stream, long_request, process_gone, python_env, wait_for
+from standin_helpers import (
+    ROOT,
+    Stream,
+    cmdline_of,
+    long_request,
+    process_gone,
+    python_env,
+    wait_for,
+)
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec
@@ -276,7 +284,7 @@ def test_a_standin_engine_hang_during_the_agents_call_is_found_and_recovered(sce
     scenario.standin.trigger(busy=16, tokens_per_second=2)  # the agent's 16 tokens: 8 s
     old_pid = scenario.standin.pid
     agents = scenario.wait_agent_tree()
-    (agent,) = [p for p in agents if p.cmdline()[1:3] == ["-m", "ralph_runner.standin.agent"]]
+    (agent,) = [p for p in agents if cmdline_of(p)[1:3] == ["-m", "ralph_runner.standin.agent"]]
     wait_for(lambda: calling(agent, scenario.standin.port), 20, "the agent's call in flight")
     before = scenario.standin.target().tokens()
     wait_for(lambda: scenario.standin.target().tokens() > before, 10, "the answer streaming")
@@ -320,7 +328,7 @@ def test_a_busy_standin_is_no_death(scenario):
     (agent,) = [
         p
         for p in scenario.wait_agent_tree()
-        if p.cmdline()[1:3] == ["-m", "ralph_runner.standin.agent"]
+        if cmdline_of(p)[1:3] == ["-m", "ralph_runner.standin.agent"]
     ]
     wait_for(lambda: calling(agent, scenario.standin.port), 20, "the agent's call in flight")
     other = Stream(f"{target.url}/chat/completions", long_request(target, max_tokens=20))

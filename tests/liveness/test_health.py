@@ -6,9 +6,8 @@ import socket
 import threading
 import time
 
-import psutil
 import pytest
-from standin_helpers import StandIn, free_port, wait_for
+from standin_helpers import StandIn, free_port, live_children, wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec
@@ -21,12 +20,7 @@ MARGIN = 0.4  # scheduling slack on a loaded 2-core machine
 def nothing_left_behind():
     """No test leaves a child process of this one running."""
     yield
-    wait_for(lambda: not _live_children(), 5, "the test's child processes to end")
-
-
-def _live_children() -> list[psutil.Process]:
-    children = psutil.Process().children(recursive=True)
-    return [p for p in children if p.status() != psutil.STATUS_ZOMBIE]
+    wait_for(lambda: not live_children(), 5, "the test's child processes to end")
 
 
 @pytest.fixture

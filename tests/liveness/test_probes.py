@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 from pydantic import ValidationError
-from standin_helpers import StandIn, free_port, wait_for
+from standin_helpers import StandIn, free_port, live_children, unique_token, wait_for
 
 from ralph_runner import probes
 from ralph_runner.actions import KINDS as ACTIONS
@@ -88,12 +88,7 @@ class Server:
 def nothing_left_behind():
     """No test leaves a child process of this one running."""
     yield
-    wait_for(lambda: not _live_children(), 5, "the test's child processes to end")
-
-
-def _live_children() -> list[psutil.Process]:
-    children = psutil.Process().children(recursive=True)
-    return [p for p in children if p.status() != psutil.STATUS_ZOMBIE]
+    wait_for(lambda: not live_children(), 5, "the test's child processes to end")
 
 
 @pytest.fixture
@@ -339,26 +334,29 @@ def _running(text: str) -> list[psutil.Process]:
 
 @pytest.fixture
 def sleeper(tmp_path):
-    """A real process with a name of its own (a copy of sleep) and a pidfile."""
-    program = tmp_path / "rr_sleeper"
+    """A real process with a name of its own (a copy of sleep), a pidfile, and that name: one
+    no other test's process has (pytest-xdist runs three tests at a time, and a probe by a
+    shared name found another test's sleeper). 14 characters: the kernel keeps 15 of a name."""
+    name = f"rr{unique_token()}"
+    program = tmp_path / name
     shutil.copy(shutil.which("sleep"), program)
     child = subprocess.Popen([str(program), "30"])
     pidfile = tmp_path / "server.pid"
     pidfile.write_text(f"{child.pid}\n")
-    yield child, pidfile
+    yield child, pidfile, name
     child.kill()
     child.wait(5)
 
 
 def test_process_by_pidfile_alive_then_dead(sleeper, client):
-    child, pidfile = sleeper
+    child, pidfile, name = sleeper
 
     alive = probe("process", {"pidfile": str(pidfile)}, client)
     child.kill()
     child.wait(5)
     dead = probe("process", {"pidfile": str(pidfile)}, client)
 
-    assert alive.ok and alive.detail == f"pid {child.pid} (rr_sleeper) is running"
+    assert alive.ok and alive.detail == f"pid {child.pid} ({name}) is running"
     assert (dead.ok, dead.reason) == (False, "refused")
     assert str(child.pid) in dead.detail
 
@@ -373,11 +371,11 @@ def test_process_pidfile_missing_or_garbage(tmp_path, client):
 
 
 def test_process_by_name_and_cmdline(sleeper, client):
-    child, _ = sleeper
+    child, _, name = sleeper
 
-    by_name = probe("process", {"name": "rr_sleeper"}, client)
-    both = probe("process", {"name": "rr_sleeper", "cmdline": r"rr_sleeper 30$"}, client)
-    wrong = probe("process", {"name": "rr_sleeper", "cmdline": "rr_sleeper 31"}, client)
+    by_name = probe("process", {"name": name}, client)
+    both = probe("process", {"name": name, "cmdline": rf"{name} 30$"}, client)
+    wrong = probe("process", {"name": name, "cmdline": f"{name} 31"}, client)
 
     assert by_name.ok and both.ok
     assert f"pid {child.pid}" in by_name.detail
@@ -385,7 +383,7 @@ def test_process_by_name_and_cmdline(sleeper, client):
 
 
 def test_process_zombie_does_not_count(sleeper, client):
-    child, pidfile = sleeper
+    child, pidfile, _ = sleeper
     child.kill()
     wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 5, "a zombie")
 
@@ -586,10 +584,10 @@ def test_nvml_action_without_driver(tmp_path):
 
 
 def test_processes_action_lists_the_matching_process(tmp_path, sleeper):
-    child, _ = sleeper
+    child, _, name = sleeper
     module = ACTIONS["processes"]
     # The sleeper's own path: no other process (a parallel test's sleeper) matches it.
-    match = re.escape(str(tmp_path / "rr_sleeper"))
+    match = re.escape(str(tmp_path / name))
     params = module.Params.model_validate({"top": 3, "match": match})
 
     result = module.run(params, task_context(tmp_path))
@@ -598,7 +596,7 @@ def test_processes_action_lists_the_matching_process(tmp_path, sleeper):
     assert [row["pid"] for row in result.data["matches"]] == [child.pid]
     assert len(result.data["top"]) == 3
     assert "top 3 processes by memory:" in result.output
-    assert re.search(rf"^\s+{child.pid}\s+[\d.]+\s+[\d.]+\s+\S*rr_sleeper 30$", result.output, re.M)
+    assert re.search(rf"^\s+{child.pid}\s+[\d.]+\s+[\d.]+\s+\S*{name} 30$", result.output, re.M)
 
 
 def test_processes_action_without_match(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from standin_helpers import alive, live_children
 
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import state as run_state
@@ -79,11 +80,7 @@ def spawn():
         process.wait()
         process.stdin.close()
         process.stdout.close()
-    left = [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE
-    ]
+    left = [child for child in live_children() if child.pid not in before]
     assert left == []
 
 
@@ -275,7 +272,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path: Path, spawn):
             assert store.lock_path.read_text() == f"{os.getpid()}\n"
     finally:
         agent.kill()
-        assert poll(lambda: not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE)
+        assert poll(lambda: not alive(agent))
 
 
 # --- git -----------------------------------------------------------------------------------

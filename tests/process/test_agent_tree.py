@@ -8,6 +8,7 @@ of its own (setsid).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import uuid
 import psutil
 import pytest
 import yaml
-from standin_helpers import wait_for
+from standin_helpers import alive, cmdline_of, wait_for
 from test_loop import Loop, marked
 
 from ralph_runner.process import execute
@@ -67,7 +68,7 @@ def whole_tree(loop: Loop) -> list[psutil.Process]:
 
     def up():
         found = marked(loop.marker)
-        names = " ".join(" ".join(p.cmdline()) for p in found)
+        names = " ".join(" ".join(cmdline_of(p)) for p in found)
         return found if all(f"{loop.marker}-{part}" in names for part in PARTS) else None
 
     return wait_for(up, 15, "the agent's whole tree")
@@ -99,7 +100,7 @@ def test_killed_with_its_tree_guard_the_frozen_tree_is_cleared_by_the_next_run(l
     dog.kill()
     process.kill()
     process.communicate(timeout=10)
-    leader = next(p for p in tree if p.cmdline()[1:2] == [str(loop.root / "tree.sh")])
+    leader = next(p for p in tree if cmdline_of(p)[1:2] == [str(loop.root / "tree.sh")])
     wait_for(lambda: leader.status() == psutil.STATUS_STOPPED, 5, "the agent to be frozen")
     assert all(p.is_running() for p in tree)  # frozen, not killed: its tree stays under it
 
@@ -179,13 +180,14 @@ def test_the_tree_guard_kills_registered_trees_when_its_pipe_closes(tmp_path):
     finally:
         holder.wait(10)
         for process in marked(marker):
-            process.kill()
+            with contextlib.suppress(psutil.Error):  # it may end by itself meanwhile
+                process.kill()
 
 
 def test_commands_still_run_when_the_tree_guard_is_gone():
     with execute.tree_guard():
         dog = psutil.Process(execute._tree_guard.process.pid)
         dog.kill()
-        wait_for(lambda: dog.status() == psutil.STATUS_ZOMBIE or not dog.is_running(), 5, "gone")
+        wait_for(lambda: not alive(dog), 5, "gone")
         results = [execute.shell("echo still here") for _ in range(2)]
     assert [(r.exit_code, r.output) for r in results] == [(0, "still here\n")] * 2

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import psutil
-from standin_helpers import free_port
+from standin_helpers import cmdline_of, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache"
@@ -88,7 +88,7 @@ def group_of(pgid: int) -> list[psutil.Process]:
 
 def role(processes: list[psutil.Process], title: str) -> psutil.Process:
     """The one process whose title (vLLM sets it with setproctitle) is `title`."""
-    (found,) = [p for p in processes if title in " ".join(p.cmdline())]
+    (found,) = [p for p in processes if title in " ".join(cmdline_of(p))]
     return found
 
 
@@ -205,7 +205,7 @@ class Engine:
         """Processes of every server group this engine ever had, except the one serving now."""
         current = self.pgid if self.processes() else None
         return [
-            f"{p.pid} {' '.join(p.cmdline())[:80]} (group {g})"
+            f"{p.pid} {' '.join(cmdline_of(p))[:80]} (group {g})"
             for g in sorted(self.groups_seen - {current})
             for p in group_of(g)
         ]
