@@ -99,3 +99,24 @@ def test_readme_links_stay_inside_the_repository() -> None:
         assert "://" not in target and not target.startswith(("/", "mailto:")), target
         if not target.startswith("#"):
             assert (ROOT / target.split("#")[0]).exists(), f"README links to missing {target}"
+
+
+def test_the_readme_docs_command_installs_an_extra_with_mkdocs() -> None:
+    """The README's docs command works after the README's first install: it installs an extra
+    that brings mkdocs and its theme, pinned as the test extra pins them (issue 31, item 11)."""
+    import tomllib
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    (command,) = re.findall(r"`([^`]*mkdocs build[^`]*)`", text)
+    install = re.search(r"\.venv/bin/pip install (?:-q )?-e '\.\[([\w,-]+)\]'", command)
+    assert install, f"the README's docs command installs no extra: {command!r}"
+    assert command.index(install.group(0)) < command.index(".venv/bin/mkdocs build --strict")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    wanted = [req for name in install.group(1).split(",") for req in extras[name]]
+    names = {re.split(r"[<>=\[; ]", req, maxsplit=1)[0].lower() for req in wanted}
+    assert {"mkdocs", "mkdocs-material"} <= names, wanted
+    docs_pins = {req for req in wanted if req.lower().startswith("mkdocs")}
+    test_pins = {req for req in extras["test"] if req.lower().startswith("mkdocs")}
+    assert docs_pins == test_pins
