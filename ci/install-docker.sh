@@ -6,8 +6,10 @@
 # `tar -C rootfs -c . | docker import -` (seconds, once per docker data root).
 # It starts no daemon: run ci/dockerd.sh start first. Idempotent; prints one line.
 #
-# env: IMAGE (ralph-standin:latest), DEBIAN_MIRROR (the first http(s) Debian mirror that apt uses
-#      on this machine, else http://deb.debian.org/debian), SUITE (bookworm).
+# env: IMAGE (ralph-standin:latest), DEBIAN_MIRROR (default: the first http(s) Debian archive in
+#      this machine's own apt sources; none there and none given: it says so and gives up, as the
+#      repository names no mirror of its own), SUITE (bookworm), APT_SOURCES (the apt source
+#      files read for that mirror, space-separated: /etc/apt/sources.list and sources.list.d/).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +24,9 @@ say() { echo "install-docker: $*"; }
 give_up() { say "$*; the docker tests will skip"; exit 1; }
 
 apt_mirror() {  # the Debian archive apt uses here (deb822 .sources or one-line .list files)
-  local files=(/etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list)
+  local apt=/etc/apt/sources.list files
+  # shellcheck disable=SC2206  # split and globbed on purpose: APT_SOURCES is a list of globs
+  files=(${APT_SOURCES:-$apt $apt.d/*.sources $apt.d/*.list})
   grep -hoE 'https?://[^ ]+/debian/?( |$)' "${files[@]}" 2>/dev/null | tr -d ' ' | sed 's:/$::' |
     head -n 1 || true
 }
@@ -39,7 +43,7 @@ if [[ ! -f "$DONE" || ! -x "$ROOTFS/usr/bin/python3" ]]; then
   command -v debootstrap >/dev/null || give_up "no debootstrap (Debian: apt-get install debootstrap)"
   [[ "$(id -u)" == 0 ]] || give_up "debootstrap needs root"
   mirror="${DEBIAN_MIRROR:-$(apt_mirror)}"
-  mirror="${mirror:-http://deb.debian.org/debian}"
+  [[ -n "$mirror" ]] || give_up "no Debian mirror in this machine's apt sources (set DEBIAN_MIRROR)"
   rm -rf "$ROOTFS" "$DONE"
   if ! debootstrap --variant=minbase --include=python3 "$SUITE" "$ROOTFS" "$mirror" >"$LOG" 2>&1; then
     rm -rf "$ROOTFS"

@@ -25,7 +25,7 @@ TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "re
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
-    "test_limit_patterns",
+    "test_limit_patterns", "test_no_mirror_hosts",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
