@@ -24,6 +24,8 @@ from ralph_runner.errors import ExitCode
 from ralph_runner.loop.state import Store, move
 
 STATUS = "crashed"
+SAYS_CAUSE = "ralph-run: internal error: "  # the lines `report` prints (`top` reads them)
+SAYS_FILE = "ralph-run: the traceback and versions are in "
 
 
 @dataclass
@@ -50,7 +52,7 @@ def report(exc: BaseException, argv: list[str]) -> int:
     """Print one line, write the crash file, mark the run crashed; the exit code to use."""
     mask = _registered.redactor.text
     cause = " ".join(f"{type(exc).__name__}: {exc}".split())
-    print(f"ralph-run: internal error: {mask(cause)}", file=sys.stderr)
+    print(f"{SAYS_CAUSE}{mask(cause)}", file=sys.stderr)
     details = mask(_details(exc, argv))
     try:
         path = _write(details)
@@ -58,7 +60,7 @@ def report(exc: BaseException, argv: list[str]) -> int:
         print(f"ralph-run: could not write a crash file ({err}); the details:", file=sys.stderr)
         print(details, file=sys.stderr)
     else:
-        print(f"ralph-run: the traceback and versions are in {path}", file=sys.stderr)
+        print(f"{SAYS_FILE}{path}", file=sys.stderr)
     _mark_crashed(cause)
     print(
         "ralph-run: this is a bug in ralph-run; please report it with that file.", file=sys.stderr

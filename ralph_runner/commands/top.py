@@ -39,6 +39,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from ralph_runner import crash
 from ralph_runner.commands import status
 from ralph_runner.commands import top_view as view
 from ralph_runner.errors import FatalError
@@ -293,7 +294,7 @@ class View:
             result = loop.conn.shell(command, timeout=REPORT_TIMEOUT)
             lines = result.output.strip().splitlines()
             if result.exit_code != 0:
-                return f"report failed on {loop.host}: {lines[-1] if lines else result.exit_code}"
+                return report_failed(result.output, result.exit_code, loop.host)
             return f"report on {loop.host}: {loop.workdir.rstrip('/')}/{relative} (copy it: scp)"
         output = Path(loop.workdir) / relative
         shown = os.path.relpath(output)
@@ -302,7 +303,7 @@ class View:
         result = execute.run(argv, timeout=REPORT_TIMEOUT)
         lines = result.output.strip().splitlines()
         if result.exit_code != 0:
-            return f"report failed: {lines[-1] if lines else result.exit_code}"
+            return report_failed(result.output, result.exit_code)
         if os.environ.get("DISPLAY") and shutil.which("xdg-open"):
             subprocess.Popen(
                 ["xdg-open", str(output)],
@@ -313,6 +314,27 @@ class View:
             )
             return f"{lines[-1]}, opening it"
         return lines[-1]  # report: PATH (N deaths, M iterations, S MB)
+
+
+def report_failed(output: str, code: int | None, host: str | None = None) -> str:
+    """A failed `ralph-run report` in one line: its error, or, when it crashed (a bug), the crash
+    file to report it with first, then the cause (crash.py writes those lines; the last one,
+    "please report it with that file", names none)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    on = f" on {host}" if host else ""
+    said = {
+        says: line[len(says) :]
+        for says in (crash.SAYS_CAUSE, crash.SAYS_FILE)
+        for line in lines
+        if line.startswith(says)
+    }
+    cause, crash_file = said.get(crash.SAYS_CAUSE), said.get(crash.SAYS_FILE)
+    if crash_file:
+        where = f"{host}:{crash_file}" if host else crash_file
+        return f"report failed{on}, a bug in ralph-run: please report it with {where} ({cause})"
+    if cause:  # no crash file could be written: the traceback went to its stderr
+        return f"report failed{on}, a bug in ralph-run (no crash file written): {cause}"
+    return f"report failed{on}: {lines[-1] if lines else code}"
 
 
 @contextlib.contextmanager

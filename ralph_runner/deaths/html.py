@@ -69,7 +69,10 @@ def render(data: stats.Data, answers: dict[str, Any]) -> str:
         **{f"metric {n}": fig for n, fig in enumerate(metric_charts(data.deaths))},
     }
     charts = {name: chart for name, chart in charts.items() if chart is not None}
-    script, divs = components(charts) if charts else ("", {})
+    script, made = components(charts) if charts else ("", {})
+    # a chart with nothing to show is not made (no deaths: no signatures chart); the page then
+    # leaves its place empty, as StrictUndefined would not let it test a missing name
+    divs = {"timeline": "", "signatures": "", "prompt": "", **made}
     bokeh_js = Resources(mode="inline", components=["bokeh"]).render_js() if charts else ""
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template.filters.update(when=deaths_text.when, duration=deaths_text.duration, pct=_pct)
