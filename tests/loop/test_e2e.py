@@ -8,6 +8,7 @@ events and status file; no sleep is used to wait for anything.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -365,3 +366,14 @@ def test_the_readme_demo_recovers_two_deaths(tmp_path: Path) -> None:
     assert log.read_text(encoding="utf-8").count("down detected") == 2
     assert left == []
     assert processes_in(workspace) == []
+    # The demo runs its agent through the loop's proxy (loop.proxy): every iteration has its
+    # receipt, and each item done was counted: its request, its prompt's tokens (issue 31, 22).
+    history = workspace / ".ralph" / "iterations.jsonl"
+    lines = [json.loads(line) for line in history.read_text(encoding="utf-8").splitlines()]
+    assert lines and all(line["receipt"] is not None for line in lines), lines
+    done = [line for line in lines if line["outcome"] == "done"]
+    assert len(done) == 8, lines
+    for line in done:
+        assert line["receipt"]["requests"] >= 1 and line["receipt"]["prompt_tokens"] > 0, line
+    report = (workspace / "report.html").read_text(encoding="utf-8")
+    assert "no receipts in the history" not in report
