@@ -162,7 +162,13 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             help="a Markdown reference of every key instead (docs/reference.md is its output)",
         )
     elif command == "demo":
-        parser.add_argument("--dir", default="demo-workspace", help="throw-away workspace")
+        parser.add_argument(
+            "--dir",
+            default="demo-workspace",
+            help="the demo's throw-away workspace (default: demo-workspace): a new or empty "
+            "folder, or one an earlier demo made, whose contents it deletes; any other "
+            "folder is refused",
+        )
         parser.add_argument("--json", action="store_true")
     return parser
 

@@ -39,6 +39,8 @@ ITEMS = [
     "tests/collision.test.js",
     "src/score.js: score and best score",
 ]
+MARKER = ".ralph-demo"  # written into the workspace: a folder with it is the demo's to remake
+PLAN = "# Plan\n\nA tiny road game, one small file at a time.\n"
 AGENT_STEP = "run the agent"
 CHAOS = {  # iteration -> the fault set while the agent step of that iteration runs
     3: {"engine_hang": True},  # /health 200, generation blocked: the progress probe sees it
@@ -85,15 +87,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _make_workspace(workspace: Path) -> None:
+    """A fresh workspace: in a new or empty folder, or in place of an earlier demo's."""
+    _refuse_foreign(workspace)
     try:
         if workspace.exists():
-            shutil.rmtree(workspace)
-        workspace.mkdir(parents=True)
+            _empty(workspace)
+        workspace.mkdir(parents=True, exist_ok=True)
+        (workspace / MARKER).write_text(
+            "made by `ralph-run demo`: a later demo with this --dir deletes and remakes it\n"
+        )
+        (workspace / "PLAN.md").write_text(PLAN)
+        (workspace / "CHECKLIST.md").write_text("".join(f"- [ ] {item}\n" for item in ITEMS))
+        (workspace / ".gitignore").write_text(f".standin/\n{MARKER}\n")
     except OSError as exc:
         raise FatalError(f"cannot make the demo workspace {workspace}: {exc}") from None
-    (workspace / "PLAN.md").write_text("# Plan\n\nA tiny road game, one small file at a time.\n")
-    (workspace / "CHECKLIST.md").write_text("".join(f"- [ ] {item}\n" for item in ITEMS))
-    (workspace / ".gitignore").write_text(".standin/\n")
     for argv in (
         ["git", "init", "-q"],
         ["git", "add", "-A"],
@@ -112,6 +119,40 @@ def _make_workspace(workspace: Path) -> None:
         execute.run(argv, cwd=workspace, timeout=30)
     for key, value in (("user.name", "ralph demo"), ("user.email", "ralph@localhost")):
         execute.run(["git", "config", key, value], cwd=workspace, timeout=30)
+
+
+def _refuse_foreign(workspace: Path) -> None:
+    """The demo deletes what its --dir holds: only a new or empty folder, or one a demo made
+    (its marker; before the marker, its exact PLAN.md and .standin/), is the demo's to take."""
+    if workspace.exists() and not workspace.is_dir():
+        raise FatalError(f"demo: {workspace} is not a folder: give --dir a new or empty folder")
+    try:
+        if not workspace.is_dir() or not any(workspace.iterdir()):
+            return
+        if (workspace / MARKER).is_file():
+            return
+        plan = workspace / "PLAN.md"  # a workspace a demo made before it wrote the marker:
+        if (
+            (workspace / ".standin").is_dir()
+            and plan.is_file()
+            and plan.read_text(errors="replace") == PLAN
+        ):
+            return
+    except OSError as exc:
+        raise FatalError(f"demo: cannot read {workspace}: {exc}") from None
+    raise FatalError(
+        f"demo: {workspace} is not empty and no earlier demo made it; the demo would delete"
+        " what is in it, so it leaves it alone: give --dir a new or empty folder"
+    )
+
+
+def _empty(workspace: Path) -> None:
+    """What an earlier demo left, deleted; the folder itself stays (it may be the cwd)."""
+    for entry in workspace.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _free_port() -> int:
