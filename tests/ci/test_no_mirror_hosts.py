@@ -93,7 +93,7 @@ def test_no_tracked_file_names_a_mirror_or_registry() -> None:
         ("npm config set registry https://registry.npmjs" + ".org/", True),
         ("FROM ghcr" + ".io/org/image:1", True),
         ("http://ftp.de.debian" + ".org/debian", True),
-        ("https://mirrors.example" + ".net/ubuntu", True),
+        ("https://mirr" + "ors.example.net/ubuntu", True),
         ("apt-get install docker" + ".io docker-compose", False),  # a Debian package, no host
         ('base_url="http://127.0.0.1:8000/v1"', False),
         ("# the mirror apt uses on this machine", False),
