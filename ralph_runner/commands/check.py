@@ -236,15 +236,34 @@ def _dump(params: Any) -> Any:
 
 
 def _hang_bound(health: Any, specs: list[Any]) -> dict[str, Any]:
-    """The worst case from a hang to its death (docs: hangs): watch + stall_after (rounded up
-    to whole watch periods) + failures_before_dead x the longest probe timeout + the intervals."""
-    stalls = [float(s.params.stall_after) for s in specs if hasattr(s.params, "stall_after")]
-    if not stalls or not health.watch:
+    """The hang bound B and the worst case from a hang to its death (docs: hangs, "The
+    detection bound"): watch + B rounded up to whole watch periods + failures_before_dead x the
+    longest probe timeout + the intervals, from B's floor to its ceiling."""
+    limits = [s.params.limits() for s in specs if s.kind == "progress"]
+    if not limits or not health.watch:
         return {}
-    watch, stall = float(health.watch), max(stalls)
+    watch, rounds = float(health.watch), health.failures_before_dead
     longest = max(float(s.timeout) for s in specs)
-    rounds = health.failures_before_dead
-    bound = watch + math.ceil(stall / watch) * watch + rounds * longest
-    bound += (rounds - 1) * health.interval
-    formula = f"{watch:g} + {math.ceil(stall / watch) * watch:g} + {rounds} x {longest:g}"
-    return {"hang_found_within": f"{bound:g} s ({formula} + {rounds - 1} x {health.interval:g})"}
+    floor, ceiling = max(b.floor for b in limits), max(b.ceiling for b in limits)
+    margin = max(b.margin for b in limits)
+
+    def found(stall: float) -> float:
+        whole = math.ceil(stall / watch) * watch
+        return watch + whole + rounds * longest + (rounds - 1) * health.interval
+
+    formula = f"{watch:g} + B rounded up to {watch:g} s + {rounds} x {longest:g}"
+    formula += f" + {rounds - 1} x {health.interval:g}"
+    if floor == ceiling:
+        return {
+            "hang_bound": f"B = {floor:g} s (stall_after)",
+            "hang_found_within": f"{found(floor):g} s ({formula})",
+        }
+    learned = (
+        f"B = {margin:g} x the slowest engine step seen (or the time a prompt of the loop's"
+        f" should take to its first token), within [{floor:g}, {ceiling:g}] s;"
+        " its value now: `ralph-run status`"
+    )
+    return {
+        "hang_bound": learned,
+        "hang_found_within": f"{found(floor):g} to {found(ceiling):g} s ({formula})",
+    }

@@ -85,10 +85,18 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     lines.extend(_pause(status) if status["running"] else [])
     lines.extend(_agent_broken(status.get("agent_broken")))
     lines.extend(_limited(status.get("limited")))
+    lines.extend(_hang_bound(status.get("hang_bound")) if status["running"] else [])
     if isinstance(status.get("updated"), int | float):
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
     return lines
+
+
+def _hang_bound(bound: Any) -> list[str]:
+    """The hang bound the progress probe computed last (docs: hangs, "The hang bound")."""
+    if not isinstance(bound, dict) or not isinstance(bound.get("seconds"), int | float):
+        return []
+    return [f"hang bound: {bound['seconds']:g} s without an engine step ({bound.get('why', '?')})"]
 
 
 def _pause(status: dict[str, Any]) -> list[str]:

@@ -30,10 +30,10 @@ from pydantic import BaseModel
 
 from ralph_runner import probes
 from ralph_runner.plugins.fields import validate_rendered
-from ralph_runner.probes import ProbeContext, ProbeResult, no_answer, run_probe
+from ralph_runner.probes import Awaiting, ProbeContext, ProbeResult, no_answer, run_probe
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from ralph_runner.process.connection import Connection
     from ralph_runner.runbook.plan import Plan
@@ -68,8 +68,10 @@ class Health:
         interval: float = 1.0,
         connection: Connection,
         client: httpx.Client | None = None,
+        traffic: Callable[[], Awaiting | None] | None = None,
     ) -> None:
         self.probes = list(probes)
+        self.traffic = traffic  # what the loop's own requests await (its agent proxy), if known
         self.failures_before_dead = failures_before_dead
         self.interval = interval
         self.connection = connection
@@ -145,10 +147,20 @@ class Health:
         return min(times) if times else None
 
     def stall_window(self) -> float:
-        """The longest `stall_after` of the probes: how long work may wait without progress."""
+        """The longest time work may wait without progress: the highest hang-bound ceiling."""
         return max(
-            (float(getattr(spec.params, "stall_after", 0.0)) for spec in self.probes), default=0.0
+            (spec.params.limits().ceiling for spec in self.probes if spec.kind == "progress"),
+            default=0.0,
         )
+
+    def hang_bound(self) -> tuple[float, str] | None:
+        """The progress probes' hang bound as their last checks computed it, and why (the
+        longest of them); None before one was computed."""
+        bounds = [s["bound"] for s in self._states if s.get("bound") is not None]
+        if not bounds:
+            return None
+        longest = max(bounds, key=lambda b: b.seconds)
+        return longest.seconds, longest.why
 
     def close(self) -> None:
         for worker in self._workers:
@@ -187,7 +199,8 @@ class Health:
                 detail = "still hung from an earlier round"
                 state = self._states[index]
                 return _Check(_ready(_timed_out(spec, state, detail, 0.0)), timeout, now)
-            ctx = ProbeContext(self.client, self.connection, timeout, self._states[index])
+            state = self._states[index]
+            ctx = ProbeContext(self.client, self.connection, timeout, state, self.traffic)
             check = _Check(self._workers[index].submit(spec, ctx), timeout, now + timeout + GRACE)
             self._running[index] = check
             return check
@@ -283,12 +296,14 @@ def probe_specs(plan: Plan) -> list[ProbeSpec]:
     return specs
 
 
-def for_plan(plan: Plan) -> Health:
-    """The plan's health checker: its probes rendered, its rounds as the runbook says."""
+def for_plan(plan: Plan, traffic: Callable[[], Awaiting | None] | None = None) -> Health:
+    """The plan's health checker: its probes rendered, its rounds as the runbook says;
+    `traffic`: what the loop's own requests await (its agent proxy's `awaiting`)."""
     config = plan.model.health
     return Health(
         probe_specs(plan),
         failures_before_dead=config.failures_before_dead,
         interval=config.interval,
         connection=plan.connection_for(None),
+        traffic=traffic,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from ralph_runner.liveness.health import Health
 from ralph_runner.probes import ProbeResult
@@ -17,8 +18,15 @@ from ralph_runner.probes import ProbeResult
 class Watch:
     """A background thread: a health check every `every` s; a death sets `cancel`."""
 
-    def __init__(self, health: Health, every: float, iteration: int) -> None:
+    def __init__(
+        self,
+        health: Health,
+        every: float,
+        iteration: int,
+        on_round: Callable[[], None] | None = None,
+    ) -> None:
         self.health, self.every, self.iteration = health, every, iteration
+        self.on_round = on_round  # after each round that found the service alive
         self.cancel = threading.Event()  # the step's cancel: set on death
         self.rounds: list[list[ProbeResult]] | None = None  # the confirming rounds, on death
         self._done = threading.Event()
@@ -44,6 +52,8 @@ class Watch:
                     self.rounds = rounds
                     self.cancel.set()
                     return
+            if self.on_round is not None:
+                self.on_round()
 
     def _until_due(self) -> float:
         """`every` s after the last round of any source (ensure_alive, the watch of the step

@@ -18,8 +18,10 @@ its bytes untouched), and counts from what went through:
 
 The counters only grow (`totals()`); the iteration history takes their difference across an
 iteration. `in_flight()` says how many requests are being served now (a stall rule's "is the
-agent waiting on the server?"). A proxy that cannot start leaves the agent on the direct URL
-(`running` warns): receipts are no reason to stop a loop.
+agent waiting on the server?"), and `awaiting()` which of them still wait for their first token,
+and how long the largest should take at the pace the earlier ones showed: the progress probe's
+hang bound covers a long prompt's first engine step with it (docs: hangs). A proxy that cannot
+start leaves the agent on the direct URL (`running` warns): receipts are no reason to stop a loop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
@@ -36,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
+
+from ralph_runner.probes import Awaiting
 
 if TYPE_CHECKING:
     from ralph_runner.deaths.history import History
@@ -58,6 +63,7 @@ HOP_BY_HOP = {
 }
 CONNECT_TIMEOUT = 10.0  # s; reads wait as long as the server takes (a long generation)
 SETTLE = 0.5  # s an iteration's receipt waits for a request still being counted
+PACES = 16  # the latest streamed requests whose time to first token per byte is remembered
 MAX_EVENT = 1024 * 1024  # bytes of one SSE event kept for counting; a longer one is not parsed
 
 
@@ -205,6 +211,8 @@ class Proxy:
         self._idle = threading.Condition(self._lock)
         self._totals = Totals()
         self._in_flight = 0
+        self._awaiting: dict[int, tuple[float, int]] = {}  # request -> (sent, body bytes)
+        self._paces: deque[float] = deque(maxlen=PACES)  # s to first token per body byte
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT)
         self._client = httpx.Client(timeout=timeout, limits=limits, trust_env=False)
@@ -244,6 +252,22 @@ class Proxy:
         with self._lock:
             return self._in_flight
 
+    def awaiting(self) -> Awaiting | None:
+        """The requests sent upstream that have no first token yet (a stream) or no answer (a
+        whole body); None when there are none. `expected`: the seconds the largest should take
+        to its first token at the slowest pace (s per byte) of the latest streamed requests;
+        None before one was measured."""
+        with self._lock:
+            if not self._awaiting:
+                return None
+            largest = max(size for _, size in self._awaiting.values())
+            return Awaiting(
+                count=len(self._awaiting),
+                since=min(sent for sent, _ in self._awaiting.values()),
+                latest=max(sent for sent, _ in self._awaiting.values()),
+                expected=largest * max(self._paces) if self._paces else None,
+            )
+
     def totals(self) -> Totals:
         with self._lock:
             return Totals(**asdict(self._totals))
@@ -256,13 +280,26 @@ class Proxy:
             return Totals(**asdict(self._totals))
 
     # what a handler thread calls
-    def _began(self) -> None:
+    def _began(self, key: int, started: float, size: int) -> None:
         with self._lock:
             self._in_flight += 1
+            if size:
+                self._awaiting[key] = (started, size)
 
-    def _ended(self, counting: Counting | None, started: float, failed: bool) -> None:
+    def _answered(self, key: int, counting: Counting | None) -> None:
+        """The request's first token (or whole answer) came: it no longer waits on a prefill."""
+        with self._lock:
+            sent_size = self._awaiting.pop(key, None)
+            if sent_size is None or counting is None or counting.first_token is None:
+                return
+            sent, size = sent_size
+            if counting.stream:
+                self._paces.append((counting.first_token - sent) / size)
+
+    def _ended(self, key: int, counting: Counting | None, started: float, failed: bool) -> None:
         ended = time.monotonic()
         with self._lock:
+            self._awaiting.pop(key, None)
             self._in_flight -= 1
             self._idle.notify_all()
             t = self._totals
@@ -302,7 +339,8 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 body = self._read_chunked()
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             started = time.monotonic()
-            proxy._began()
+            request_id = id(self)
+            proxy._began(request_id, started, len(body))
             counting: Counting | None = None
             failed = True
             try:
@@ -319,14 +357,16 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                     plain = response.headers.get("content-encoding", "identity") == "identity"
                     if plain and ("json" in kind or "event-stream" in kind):
                         counting = Counting(started, "event-stream" in kind)
-                    failed = not self._relay(response, counting)
+                    failed = not self._relay(response, counting, request_id)
                     failed = failed or response.status_code >= 400
             finally:
                 if counting is not None:
                     counting.finish()
-                proxy._ended(counting, started, failed)
+                proxy._ended(request_id, counting, started, failed)
 
-        def _relay(self, response: httpx.Response, counting: Counting | None) -> bool:
+        def _relay(
+            self, response: httpx.Response, counting: Counting | None, request_id: int
+        ) -> bool:
             """The response passed on as it comes; False when either side broke off."""
             self.send_response_only(response.status_code, response.reason_phrase)
             for key, value in response.headers.multi_items():
@@ -344,9 +384,13 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 if bodiless:
                     self.wfile.flush()
                     return True
+                waiting = True
                 for chunk in response.iter_raw():
                     if counting is not None:
                         counting.feed(chunk)
+                    if waiting and not _before_first_token(counting):
+                        waiting = False  # a first token, or a whole answer's first byte
+                        proxy._answered(request_id, counting)
                     if chunked and chunk:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     elif chunk:
@@ -390,6 +434,11 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
     return Handler
+
+
+def _before_first_token(counting: Counting | None) -> bool:
+    """A stream whose first token has not come yet (its first bytes may be a role, a comment)."""
+    return counting is not None and counting.stream and counting.first_token is None
 
 
 def _why(exc: httpx.HTTPError) -> str:

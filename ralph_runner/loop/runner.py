@@ -60,6 +60,7 @@ class Runner:
         self._outputs: list[str] = []  # the iteration's process steps' output, for limits.py
         self._limited_since: float | None = None  # the first of the limited attempts in a row
         self.proxy: proxy.Proxy | None = None  # the agent's receipts proxy (loop.proxy), if on
+        self._bound_shown: int | None = None  # the hang bound's whole seconds in status.json
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -88,7 +89,7 @@ class Runner:
                 self.ignore,
             )
             self.housekeeping = housekeeping.filter_for(self.plan.workdir, self.ignore)
-            health = health_for(self.plan)
+            health = health_for(self.plan, self.proxy.awaiting if self.proxy else None)
             self.service = Service(
                 self.plan, health, death_log, self.state, self.save, self.stop, self.output.event
             )
@@ -273,7 +274,7 @@ class Runner:
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
         if spec.kind in UNWATCHED:
             watch_every = 0
-        with Watch(self.health, watch_every, self.state.iteration) as watch:
+        with Watch(self.health, watch_every, self.state.iteration, self._show_bound) as watch:
             result = tasks.run(spec, group, variables, watch.cancel)
         if spec.kind not in UNWATCHED:
             self._counts = None  # the agent may have ticked its item
@@ -581,9 +582,24 @@ class Runner:
             "limited_until": (st.limited or {}).get("until"),
             "limited": st.limited,
             **pause.status_fields(self),  # paused, pause, step_started, attempts
+            "hang_bound": self._hang_bound(),
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }
+
+    def _show_bound(self) -> None:
+        """After a watch round: the status follows the hang bound (whole seconds) mid-step."""
+        bound = self._hang_bound()
+        shown = None if bound is None else round(bound["seconds"])
+        if shown != self._bound_shown:
+            self._bound_shown = shown
+            self.save(status_only=True)
+
+    def _hang_bound(self) -> dict[str, Any] | None:
+        """The progress probes' hang bound now (docs: hangs), once a check computed one."""
+        health = getattr(self, "health", None)  # the first status is written before it exists
+        found = health.hang_bound() if health is not None else None
+        return None if found is None else {"seconds": round(found[0], 1), "why": found[1]}
 
     def _summary(self, text: str, stopped: bool = False) -> None:
         counts = checklist.counts(text)

@@ -23,6 +23,7 @@ probes look at this machine; only the command probe runs on the host's connectio
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -73,16 +74,29 @@ class ProbeResult:
         }
 
 
+@dataclass(frozen=True)
+class Awaiting:
+    """The loop's own requests that wait for their first token (the loop's agent proxy sees
+    them): work the engine has not reported yet while it reads their prompts."""
+
+    count: int
+    since: float  # monotonic time the oldest was sent
+    latest: float  # ... and the newest
+    expected: float | None  # s the largest should take to its first token; None: unmeasured
+
+
 @dataclass
 class ProbeContext:
     """What a check may use: one shared HTTP client (keep-alive), the host, the time limit,
     and `state`: the probe's own memory between checks (the progress probe keeps its last
-    counters there). Each probe's checks run one at a time on its worker, which owns it."""
+    counters there). Each probe's checks run one at a time on its worker, which owns it.
+    `traffic`: what the loop's own requests wait for, when its agent proxy runs."""
 
     client: httpx.Client
     connection: Connection
     timeout: float
     state: dict[str, Any] = field(default_factory=dict)
+    traffic: Callable[[], Awaiting | None] | None = None
 
 
 def excerpt(text: str) -> str:

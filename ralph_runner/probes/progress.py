@@ -1,4 +1,4 @@
-"""`progress: {metrics, completion, counters, moving, active, stall_after}`: is the engine working?
+"""`progress: {metrics, completion, counters, moving, active, stall}`: is the engine working?
 
 vLLM's `/metrics` keeps answering while its engine hangs, but its numbers stop; and a request
 that waits in a busy engine's queue says nothing about liveness. So every check scrapes
@@ -6,18 +6,26 @@ that waits in a busy engine's queue says nothing about liveness. So every check 
 token counters, and gauges that move with every engine step (`moving`: the KV-cache use, which
 grows with each chunk of a long prefill while no token counter moves until it ends):
 - they moved: ok, however long the queue (a busy engine is never a failure);
-- requests are active and nothing moved: ok until `stall_after` seconds, then "stalled". The
-  window need only outlast one engine step (one prefill chunk), not a whole long prompt;
-- idle and nothing moved: a 1-token canary must be answered within the probe's timeout; an
-  error status is "status" (vLLM answers 500 once its engine died); no answer and still no
-  token is "stalled", unless more requests than our canary are now active (then: busy). An
-  engine that answered a canary before gets `stall_after` s from its first unanswered one: the
-  gauges say "idle" until an engine step ends, so the first chunk of a long prompt that just
-  came looks like an idle engine that does not answer (on a CPU build, a long prompt's first
-  2,048-token step took 12.7 s, longer than the canary's 5 s). A server that never answered
-  one gets no such grace.
+- requests are active and nothing moved: ok for as long as the hang bound allows, then
+  "stalled". The bound need only outlast one engine step (one prefill chunk), not a whole
+  long prompt;
+- idle and nothing moved: a 1-token canary must be answered; an error status is "status"
+  (vLLM answers 500 once its engine died); no answer and still no token is "stalled", unless
+  more requests than our canary are now active (then: busy). An engine that answered a canary
+  before gets the hang bound from its first unanswered one;
 - `vllm:engine_sleep_state{sleep_state="awake"}` at 0: the engine was put to sleep (sleep
   mode), it serves nothing: "stalled", and the death's class says "sleeping".
+
+The hang bound is learned (docs: hangs, "The hang bound"): `margin` x the slowest engine step
+seen in the last LEARN_WINDOW s (the longest time work was seen waiting with nothing moving
+before something moved again), within [`floor`, `ceiling`]. A prompt's first step is the one
+step that comes before anything of it could be measured: until the engine has stepped twice
+since the loop's newest request was sent (once may be the step it came during), B also covers
+what that request should take to its first token at the pace the loop's earlier requests
+showed (the agent proxy tells: `ctx.traffic`; a pace never measured gets the ceiling). vLLM
+publishes its gauges when an engine step ends, so during the first step of a prompt on an idle
+engine they say idle: the loop's own awaiting request is what shows that work is under way.
+`stall_after: N` is the same rule with floor = ceiling = N (a fixed bound).
 
 Each check also notes which server answered: a new `process_start_time_seconds`, or counters
 that went back, mean the server was restarted since the last check (by another loop, a restart
@@ -25,22 +33,24 @@ policy, systemd, a person). `restarts` in the probe's memory counts them, so tha
 tell a failed agent call that a restart cut from a failure of the agent's own.
 
 The probe's memory lives in `ctx.state` (owned by the probe's worker, one check at a time):
-the last numbers, and since when work has waited without progress (None when idle): the
-later of the last progress seen and the first check that saw the work (or our unanswered
-canary sent). A hang at time H is thus timed from H + one check period at the latest.
+the last numbers, the steps learned (`pace`), the bound of the last check (`bound`), and since
+when work has waited without progress (None when idle): the later of the last progress seen and
+the first check that saw the work (or our unanswered canary sent, or the loop's own request
+sent). A hang at time H is thus timed from H + one check period at the latest.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from ralph_runner.plugins.fields import Templated
-from ralph_runner.probes import ProbeContext, excerpt, request
+from ralph_runner.probes import Awaiting, ProbeContext, excerpt, request
 from ralph_runner.probes import completion as completion_probe
 
 KIND = "progress"
@@ -52,8 +62,28 @@ ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
 STARTED = "process_start_time_seconds"  # which server answered
 AWAKE = "vllm:engine_sleep_state{"  # its sample labelled sleep_state="awake" is 0 when asleep
 RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
+CONFIRM = 1.0  # s a canary waits once the bound has run out since the first unanswered one
+LEARN_WINDOW = 900.0  # s a measured step is remembered: an engine's pace is what it is now
+STEPS_KEPT = 256  # measured steps kept at most (the window's, the latest)
 
 Verdict = tuple[bool, str | None, str]
+
+
+class Stall(BaseModel):
+    """`stall`: how long work may wait with no engine step before it is "stalled"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    floor: Templated[PositiveFloat] = 4.0  # s: never less (a fast engine's bound)
+    ceiling: Templated[PositiveFloat] = 120.0  # s: never more (a prompt of unmeasured pace)
+    margin: Templated[float] = Field(3.0, ge=1.0)  # times the slowest engine step seen
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Stall:
+        floor, ceiling = self.floor, self.ceiling  # templates are checked once rendered
+        if isinstance(floor, float | int) and isinstance(ceiling, float | int) and floor > ceiling:
+            raise ValueError(f"floor {self.floor:g} is above ceiling {self.ceiling:g}")
+        return self
 
 
 class Params(BaseModel):
@@ -64,7 +94,30 @@ class Params(BaseModel):
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
     moving: list[str] = Field(default_factory=lambda: list(MOVING))
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
-    stall_after: Templated[PositiveFloat] = 15.0
+    stall: Stall | None = None  # the learned hang bound's limits (docs: hangs); unset: the defaults
+    stall_after: Templated[PositiveFloat] | None = None  # s: a fixed hang bound instead of `stall`
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Params:
+        if self.stall_after is not None and self.stall is not None:
+            raise ValueError("give `stall` (a learned hang bound) or `stall_after` (a fixed one)")
+        return self
+
+    def limits(self) -> Limits:
+        """The bound's floor, ceiling and margin (a fixed `stall_after` is floor and ceiling)."""
+        if self.stall_after is None:
+            stall = self.stall or Stall()
+            return Limits(float(stall.floor), float(stall.ceiling), float(stall.margin))
+        return Limits(float(self.stall_after), float(self.stall_after), 1.0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The hang bound's limits, rendered."""
+
+    floor: float
+    ceiling: float
+    margin: float
 
 
 @dataclass
@@ -79,16 +132,89 @@ class Scrape:
     sleeping: bool = False  # vllm:engine_sleep_state says the engine is not awake
 
 
+@dataclass
+class Pace:
+    """The engine steps this probe measured: (when, seconds) of each, the latest kept."""
+
+    steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STEPS_KEPT))
+
+    def learn(self, seconds: float, now: float) -> None:
+        self.steps.append((now, seconds))
+
+    def slowest(self, now: float) -> float:
+        return max((s for when, s in self.steps if when >= now - LEARN_WINDOW), default=0.0)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How long work may wait with no engine step now, and why."""
+
+    seconds: float
+    why: str
+
+
+def bound(params: Params, state: dict, now: float, awaiting: Awaiting | None) -> Bound:
+    """margin x (the slowest step seen, or what the loop's awaiting prompt should take),
+    within [floor, ceiling]. Kept in `state["bound"]` for status and the loop."""
+    stall = params.limits()
+    if awaiting is not None and sum(t > awaiting.latest for t in state.get("stepped", ())) >= 2:
+        awaiting = None  # its first step is over: the steps measured cover the rest
+    if params.stall_after is not None:
+        found = Bound(stall.floor, f"stall_after {stall.floor:g} s")
+    else:
+        base = pace_of(state).slowest(now)
+        why = f"the slowest step seen, {base:.1f} s" if base else "no slow step seen"
+        if awaiting is not None and awaiting.expected is None:
+            base, why = math.inf, "a prompt of this loop awaits its first token, pace unmeasured"
+        elif awaiting is not None and awaiting.expected is not None and awaiting.expected > base:
+            base = awaiting.expected
+            why = f"a prompt of this loop should reach its first token in {base:.1f} s"
+        seconds = min(max(stall.margin * base, stall.floor), stall.ceiling)
+        limits = f"floor {stall.floor:g}, ceiling {stall.ceiling:g}"
+        found = Bound(seconds, f"{stall.margin:g} x {why}; {limits}")
+    state["bound"] = found
+    return found
+
+
+def pace_of(state: dict) -> Pace:
+    pace = state.get("pace")
+    if not isinstance(pace, Pace):
+        pace = state["pace"] = Pace()
+    return pace
+
+
+def learn(state: dict, now: float) -> None:
+    """Something moved: the engine was seen without a step from the start of the wait to the
+    last check that saw it still (a lower bound of the step: a fast engine measures 0)."""
+    stepped = state.get("stepped")
+    if not isinstance(stepped, deque):
+        stepped = state["stepped"] = deque(maxlen=4)  # the checks that saw the latest steps
+    stepped.append(now)
+    start = state.get("unanswered_since") or state.get("waiting_since")
+    still = state.pop("still_at", None)
+    if start is not None and still is not None and still > start:
+        pace_of(state).learn(still - start, now)
+
+
+def awaiting_of(ctx: ProbeContext) -> Awaiting | None:
+    ctx.state["traffic"] = ctx.traffic  # for `unanswered`, which gets no context
+    return ctx.traffic() if ctx.traffic is not None else None
+
+
 def check(params: Params, ctx: ProbeContext) -> Verdict:
     deadline = time.monotonic() + ctx.timeout
     seen = scrape(params, ctx)
     if not isinstance(seen, Scrape):
         return seen
     state, now = ctx.state, time.monotonic()
+    awaiting = awaiting_of(ctx)
+    # The loop's own request awaiting its first token is work the gauges may not show yet.
+    active = seen.active or (awaiting.count if awaiting is not None else 0)
     last, last_motion = state.get("total"), state.get("motion")
-    state["total"], state["motion"], state["active"] = seen.total, seen.motion, seen.active
+    state["total"], state["motion"], state["active"] = seen.total, seen.motion, active
     if restarted(state, seen, last):
         state["waiting_since"] = None
+        state.pop("still_at", None)
         state.pop("answered", None)  # a new server: it has answered nothing yet
     if seen.sleeping:
         return (
@@ -97,19 +223,23 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
             'the engine is asleep (vllm:engine_sleep_state{sleep_state="awake"} 0)',
         )
     if last is not None and seen.total > last:
-        state["waiting_since"] = now if seen.active > 0 else None
+        learn(state, now)
+        state["waiting_since"] = now if active > 0 else None
         state.pop("unanswered_since", None)
         gained = seen.total - last
-        return True, None, f"progress: +{gained:g} tokens, {seen.active:g} active{seen.note}"
+        return True, None, f"progress: +{gained:g} tokens, {active:g} active{seen.note}"
     if last is None or seen.total < last:  # first look, or a new server: its counters restart
         state["waiting_since"] = None
-    elif seen.active > 0 and last_motion is not None and seen.motion != last_motion:
+    elif active > 0 and last_motion is not None and seen.motion != last_motion:
+        learn(state, now)
         state["waiting_since"] = now  # a prefill chunk, a cache step: no token yet, but work
         state.pop("unanswered_since", None)
         return True, None, f"progress: the engine steps ({moved(params, last_motion, seen)})"
-    if seen.active > 0:
+    if active > 0:
+        if state.get("waiting_since") is None and awaiting is not None and not seen.active:
+            state["waiting_since"] = awaiting.since  # the engine has had it since it was sent
         state.pop("unanswered_since", None)  # work shows: its own stall clock runs
-        return without_tokens(params, state, seen.active, seen.note)
+        return without_tokens(params, state, active, seen.note, awaiting)
     state["waiting_since"] = None
     if params.completion is None:
         return True, None, f"idle: no request active{seen.note}"
@@ -137,31 +267,48 @@ def moved(params: Params, before: tuple[float | None, ...], seen: Scrape) -> str
     )
 
 
-def without_tokens(params: Params, state: dict, active: float, note: str = "") -> Verdict:
-    """Requests active and no token: busy until `stall_after` s after the work was first seen
-    waiting (or the last token), then stalled."""
+def without_tokens(
+    params: Params, state: dict, active: float, note: str = "", awaiting: Awaiting | None = None
+) -> Verdict:
+    """Requests active and no engine step: busy within the hang bound from when the work was
+    first seen waiting (or the last step), then stalled."""
     now = time.monotonic()
     if state.get("waiting_since") is None:
         state["waiting_since"] = now
+    state["still_at"] = now
     quiet = now - state["waiting_since"]
-    if quiet < params.stall_after:
-        return True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{note}"
-    return False, "stalled", f"no token for {quiet:.1f} s while {active:g} requests active"
+    limit = bound(params, state, now, awaiting)
+    if quiet < limit.seconds:
+        allowed = f" (bound {limit.seconds:.1f} s)"
+        return True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{allowed}{note}"
+    return (
+        False,
+        "stalled",
+        f"no token for {quiet:.1f} s while {active:g} requests active"
+        f" (bound {limit.seconds:.1f} s: {limit.why})",
+    )
 
 
 def unanswered(params: Params, state: dict) -> Verdict | None:
     """/metrics did not answer in time. With work active at its last answer, the server may be
     starved rather than hung (a CPU engine generating on two cores kept its API server from
-    answering /metrics for over 10 s, measured): busy until `stall_after` s without progress,
+    answering /metrics for over 10 s, measured): busy within the hang bound without progress,
     then stalled, as when it answers with numbers that stand still. Else an ordinary timeout."""
     if not state.get("active"):
         return None
-    return without_tokens(params, state, state["active"])
+    traffic = state.get("traffic")
+    return without_tokens(params, state, state["active"], awaiting=traffic() if traffic else None)
 
 
 def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
-    """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled."""
+    """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled.
+    Once the bound has run out since the first unanswered canary, the next one (a confirming
+    round's) waits CONFIRM s, not the whole timeout."""
     within = max(deadline - time.monotonic() - reserve(ctx), reserve(ctx))
+    since = ctx.state.get("unanswered_since")
+    if since is not None:
+        left = bound(params, ctx.state, time.monotonic(), None).seconds - (time.monotonic() - since)
+        within = min(within, max(left, CONFIRM))
     assert params.completion is not None  # check() asks the canary only when there is one
     sent = time.monotonic()
     try:
@@ -177,7 +324,11 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     ctx.state["total"] = after.total  # our canary's own tokens are no progress of the engine
     ctx.state["motion"] = after.motion
     ctx.state["answered"] = True
+    if since is not None:  # it waited behind a step the gauges did not show: learn that step
+        ctx.state["still_at"] = sent
+        learn(ctx.state, time.monotonic())
     ctx.state.pop("unanswered_since", None)
+    pace_of(ctx.state).learn(took, time.monotonic())
     return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
 
 
@@ -205,10 +356,22 @@ def canary_unanswered(
     unanswered = "idle engine did not answer a 1-token request within"
     if not state.get("answered"):
         return False, "stalled", f"{unanswered} {within:.1f} s"
-    quiet = time.monotonic() - state.setdefault("unanswered_since", sent)
-    if quiet < params.stall_after:  # an engine step under way that the gauges do not show yet?
-        return True, None, f"busy?: no answer to a 1-token request for {quiet:.1f} s, gauges idle"
-    return False, "stalled", f"{unanswered} {quiet:.1f} s"
+    now = time.monotonic()
+    quiet = now - state.setdefault("unanswered_since", sent)
+    state["still_at"] = now
+    limit = bound(params, state, now, None)
+    if quiet < limit.seconds:  # an engine step under way that the gauges do not show yet?
+        return (
+            True,
+            None,
+            f"busy?: no answer to a 1-token request for {quiet:.1f} s, gauges idle"
+            f" (bound {limit.seconds:.1f} s)",
+        )
+    return (
+        False,
+        "stalled",
+        f"{unanswered} {quiet:.1f} s (bound {limit.seconds:.1f} s: {limit.why})",
+    )
 
 
 def reserve(ctx: ProbeContext) -> float:

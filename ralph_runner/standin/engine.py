@@ -109,6 +109,10 @@ class Engine:
         self.hung = False
         self.sleeping = False  # put to sleep (vLLM's sleep mode): serves nothing, as hung
         self.prefill_rate: float | None = None  # prompt tokens/s (chunked prefill); None: at once
+        # Prompt tokens one step reads (vLLM's --max-num-batched-tokens), with prefill_rate: such
+        # a step lasts chunk / rate s and publishes when it ends, as vLLM's; None: every step
+        # lasts step_seconds and reads rate x step_seconds.
+        self.prefill_chunk: int | None = None
         self.dead: str | None = None  # the error message, once dead
         self._credit = 0.0
         self._totals = Stats()
@@ -186,9 +190,26 @@ class Engine:
                     self.cond.wait()
                 if self.dead:
                     return
+                lasts = self._chunk_seconds()
+            if lasts is not None:  # a long step: nothing is published until it ends
+                time.sleep(lasts)
+            with self.cond:
+                if self.dead or self.hung or self.sleeping:
+                    continue  # it stopped mid-step: the step's work is never published
                 self._step()
                 self.cond.notify_all()
             time.sleep(self.step_seconds)
+
+    def _chunk_seconds(self) -> float | None:
+        """How long the next step lasts when it reads a prompt chunk (prefill_chunk set)."""
+        if self.prefill_chunk is None or not self.prefill_rate:
+            return None
+        admitted = list(self.running) + list(self.waiting)[: self.max_num_seqs - len(self.running)]
+        reading = [s for s in admitted if s.prefilled < s.prompt_tokens]
+        if not reading:
+            return None
+        tokens = min(self.prefill_chunk, reading[0].prompt_tokens - reading[0].prefilled)
+        return tokens / self.prefill_rate
 
     def _idle(self) -> bool:
         return not (self.waiting or self.running)
@@ -213,6 +234,8 @@ class Engine:
         for sequence in list(self.running):
             if sequence.prefilled < sequence.prompt_tokens:  # a chunk of a long prompt
                 chunk = (self.prefill_rate or math.inf) * self.step_seconds
+                if self.prefill_chunk is not None and self.prefill_rate:
+                    chunk = self.prefill_chunk
                 sequence.prefilled = min(sequence.prompt_tokens, sequence.prefilled + chunk)
                 if sequence.prefilled < sequence.prompt_tokens:
                     continue  # as vLLM 0.32 (measured): no counter moves until the prompt is read

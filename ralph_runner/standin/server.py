@@ -45,6 +45,10 @@ tokens_per_second R    a slower or faster       R tokens/s per sequence from now
 prefill_tokens_per_    a long prompt read in    prompts are prefilled at R tokens/s from now (false:
 second R               chunks                   at once): the KV-cache gauge grows each step, no
                                                 token counter moves until the prompt is read
+prefill_chunk N        vLLM's chunked prefill   with prefill_tokens_per_second: a step reads N
+                       (--max-num-batched-      prompt tokens and lasts N / R s; its gauges and
+                       tokens)                  counters are published when it ends (a long first
+                                                step looks idle), as vLLM's
 sleep                  POST /sleep (sleep mode) vllm:engine_sleep_state 1, generation waits (as
                                                 engine_hang) until `sleep: false`
 die                    (the stand-in's first    the request answers 500, exit 0 at once
@@ -107,6 +111,7 @@ FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the tab
     "busy": (int, "every generation makes at least N tokens"),
     "tokens_per_second": (float, "the engine's speed from now, per sequence"),
     "prefill_tokens_per_second": (float, "prompts are read in chunks at R tokens/s"),
+    "prefill_chunk": (int, "a step reads N prompt tokens, N / R s long, published at its end"),
     "sleep": (bool, "the engine sleeps (sleep mode): engine_sleep_state 1, nothing served"),
     "die": (bool, "die at once: the request answers 500, the process exits 0"),
     "die_at_request": (int, "as die, on the N-th API request from now"),
@@ -381,6 +386,8 @@ class StandInServer(ThreadingHTTPServer):
             self.engine.set_rate(faults["tokens_per_second"])
         if "prefill_tokens_per_second" in faults:
             self.engine.prefill_rate = faults["prefill_tokens_per_second"] or None
+        if "prefill_chunk" in faults:
+            self.engine.prefill_chunk = faults["prefill_chunk"] or None
         if "sleep" in faults:
             self.engine.sleep(faults["sleep"])
         if faults.get("engine_hang") or faults.get("worker_timeout") is not None:

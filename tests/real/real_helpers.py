@@ -25,22 +25,20 @@ CACHE = ROOT / ".cache"
 VENV = CACHE / "vllm-venv"
 PYTHON = VENV / "bin" / "python"
 MODEL_DIR = CACHE / "tiny-model"  # 2 layers: the newcomer's (vllm-local.yaml's documented command)
-# 8 layers, hidden 512: the tier's engine. ~200 tokens/s and an 8,000-token prefill in ~70 s
-# here, so an agent's call lasts however fast the machine (the tiny model's 30,000 tokens took
-# 6 s on a quiet machine: calls ended before a test could hit them, in CI).
+# 8 layers, hidden 512: the tier's engine, ~200 tokens/s, so an agent's call lasts however fast
+# the machine (the tiny model's 30,000 tokens took 6 s on a quiet machine: calls ended before a
+# test could hit them, in CI). At vLLM's default chunk an 8,000-token prefill took 2.2-2.5 s
+# here, a 50,000-token one 56-57 s.
 SLOW_MODEL_DIR = CACHE / "slow-model"
 UNAVAILABLE = CACHE / "vllm-venv.unavailable"
 START_VLLM = ROOT / "runbooks" / "vllm-local" / "start_vllm.sh"
 RUNBOOK = ROOT / "runbooks" / "vllm-local.yaml"
 SERVED_NAME = "tiny"
 # --max-num-seqs 1: one sequence at a time, so a long generation makes every other request wait
-# (the busy test). --max-num-batched-tokens 256: a long prompt is read in chunks of 256 tokens,
-# one engine step each, 2-5 s here; vLLM's CPU default, 2,048, made steps of 13-23 s on two
-# cores, longer than the shipped stall_after (docs/hangs.md), and the whole prompt slower.
-SLOW_ARGS = (
-    "--dtype bfloat16 --max-model-len 50000 --max-num-seqs 1 --enforce-eager"
-    " --max-num-batched-tokens 256"
-)
+# (the busy test). vLLM's default chunking (2,048 prompt tokens a step on this CPU build): its
+# steps took 13-23 s here, which the learned hang bound must take for no hang (docs/hangs.md).
+# --max-model-len: a 50,000-token prompt and its answer.
+SLOW_ARGS = "--dtype bfloat16 --max-model-len 50200 --max-num-seqs 1 --enforce-eager"
 # vLLM's own variables, for every server the tier starts (the start script passes them on).
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")

@@ -35,11 +35,12 @@ AGENT_STEP = "run the agent"
 # generates, this process's polls came up to 10.5 s apart (measured): the think outlasts that.
 THINK_SECONDS = 25
 THINK_TOKENS = 30000  # far more than THINK_SECONDS of the 8-layer model gives (~200 tokens/s)
-STALL_AFTER = 15  # runbooks/vllm-local.yaml's, as shipped
-# runbooks/vllm-local.yaml's hang bound: watch + stall_after + 2 x probe timeout + interval.
-WATCH = 3  # runbooks/vllm-local.yaml's health.watch
-HANG_BOUND = WATCH + STALL_AFTER + 2 * 5 + 1
-LOAD_MARGIN = 15  # s on top of a stated bound: two shared cores, other tests running
+FLOOR, CEILING = 4, 120  # the hang bound's limits, as runbooks/vllm-local.yaml ships them
+WATCH = 2  # runbooks/vllm-local.yaml's health.watch
+# A hang found, as issue 26 asks, within 10 s on an engine whose steps are fast (decode): about
+# watch + floor + interval + a round's scrapes (docs/hangs.md, "The detection bound").
+HANG_BOUND = 10
+LOAD_MARGIN = 5  # s on top of a stated bound: two shared cores, a CPU engine generating
 RUN_TIMEOUT = 420  # s for a whole loop, one cold restart included
 
 

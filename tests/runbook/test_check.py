@@ -49,6 +49,43 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.parametrize(
+    ("progress", "bound", "found"),
+    [
+        ({}, "within [4, 120] s", "17 to 133 s (2 + B rounded up to 2 s + 2 x 5 + 1 x 1)"),
+        ({"stall_after": 5}, "B = 5 s (stall_after)", "19 s (2 + B rounded up to 2 s"),
+        ({"stall": {"floor": 2, "ceiling": 30}}, "within [2, 30] s", "15 to 43 s"),
+    ],
+)
+def test_check_prints_the_hang_bound_as_a_rule_and_its_detection_bound(
+    tmp_path, progress, bound, found
+):
+    """--check prints the hang bound B (docs/hangs.md) and the worst case from a hang to its
+    death: w + ceil(B / w) x w + f x T + (f - 1) x i, at B's floor and ceiling."""
+    runbook = tmp_path / "runbook.yaml"
+    probe = {"metrics": "http://127.0.0.1:9/metrics", **progress}
+    runbook.write_text(
+        yaml.safe_dump(
+            {
+                "health": {
+                    "probes": [{"name": "p", "progress": probe, "timeout": 5}],
+                    "watch": 2,
+                    "interval": 1,
+                    "failures_before_dead": 2,
+                },
+                "loop": {"steps": [{"shell": "true"}]},
+            }
+        )
+    )
+    done = subprocess.run(
+        [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (plan,) = json.loads(done.stdout)
+    assert bound in plan["health"]["hang_bound"], plan["health"]
+    assert plan["health"]["hang_found_within"].startswith(found), plan["health"]
+
+
 def test_check_runs_nothing_and_writes_nothing(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
