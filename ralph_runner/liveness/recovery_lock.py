@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ralph_runner.errors import FatalError
+from ralph_runner.process.private_dir import private_directory
+
 POLL = 0.2  # seconds between two tries of a taken lock
 URL = re.compile(r"https?://[^\s'\",)]+")
 
@@ -50,6 +53,25 @@ def directory() -> Path:
     return Path(base) / f"ralph-run-{os.getuid()}"
 
 
+def prepare() -> Path:
+    """The locks' directory, made if missing; FatalError when it is not ours alone. RALPH_LOCK_DIR
+    is the operator's choice, made as given; the default one's name is predictable (in /tmp
+    without XDG_RUNTIME_DIR, as under the shipped systemd unit), so another user could have made
+    it, or planted a symlink for a lock file to be written through: it must be a real directory
+    of ours, 0700 (process/private_dir.py). Lock files are opened with O_NOFOLLOW besides."""
+    path = directory()
+    if os.environ.get("RALPH_LOCK_DIR"):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path
+    try:
+        return private_directory(path)
+    except OSError as exc:
+        raise FatalError(
+            f"the recovery lock's directory: {exc}; remove it, or set RALPH_LOCK_DIR to a"
+            " directory of your own"
+        ) from exc
+
+
 def key_for(name: str | None, probe_params: list[str]) -> str:
     """The service's name: `recovery.lock` when the runbook names one, else the URLs its
     probes ask (two loops on one base URL share the lock, whatever else their probes say)."""
@@ -64,7 +86,7 @@ def in_progress(key: str) -> dict | None:
     A death found then is one that loop already captured, at its moment: our diagnostics
     show its recovery, not the death, and the record says so."""
     try:
-        fd = os.open(_path(key), os.O_RDWR)
+        fd = os.open(_path(key), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
@@ -88,8 +110,8 @@ def held(key: str, me: dict, wait: float, cancel: threading.Event) -> Iterator[W
     """Hold the service's lock. Yields None when it was free, else who held it (we waited);
     past `wait` seconds (or cancelled) it is taken over anyway: a holder that hangs must not
     stop every loop, and the recovery's own limits bound what the holder does."""
-    directory().mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(_path(key), os.O_RDWR | os.O_CREAT, 0o600)
+    prepare()
+    fd = os.open(_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         waited = _take(fd, wait, cancel)
         os.ftruncate(fd, 0)

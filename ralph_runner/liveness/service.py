@@ -60,6 +60,7 @@ class Service:
         self.lock_key = recovery_lock.key_for(
             self.config.lock, [str(spec.params) for spec in health.probes]
         )
+        recovery_lock.prepare()  # a directory another user made fails the start, not a recovery
 
     def ensure_alive(self, phase: str, facts: Facts, iteration: int | None) -> None:
         """Returns when healthy (at once) or recovered; raises GaveUp when it cannot be."""

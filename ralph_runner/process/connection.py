@@ -24,6 +24,7 @@ from typing import Protocol
 
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.process import execute
+from ralph_runner.process.private_dir import private_directory
 
 CONNECTION_KINDS = ("local", "ssh")
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -165,12 +166,14 @@ def reuse_options() -> tuple[str, ...]:
     """OpenSSH connection reuse, as Ansible does it: the first command to a host opens a master
     connection that later ones share for CONTROL_PERSIST, so a death's collectors and recovery
     steps pay no new handshake each. `-o ControlMaster=no` in ansible_ssh_common_args turns it
-    off (the operator's options come first and ssh keeps the first value)."""
+    off (the operator's options come first and ssh keeps the first value). The sockets live in
+    a directory of our own (process/private_dir.py); where that cannot be had (another user made
+    the name first), no socket is shared."""
     directory = Path(tempfile.gettempdir()) / f"ralph-run-ssh-{os.getuid()}"
     try:
-        directory.mkdir(mode=0o700, exist_ok=True)
+        private_directory(directory)  # another user's directory would get our commands
     except OSError:
-        return ()  # no place for the sockets: every command opens its own connection
+        return ()  # no safe place for the sockets: every command opens its own connection
     return (
         "ControlMaster=auto",
         f"ControlPath={directory}/%C",  # %C: a hash of host, port and user; short enough
