@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ralph_runner.actions import TaskContext, TaskResult
+from ralph_runner.plugins.bounded_http import fetch
 from ralph_runner.plugins.fields import Regex, Templated
 from ralph_runner.plugins.network_errors import classify
 
@@ -69,7 +70,8 @@ def run(params: Params, ctx: TaskContext) -> TaskResult:
     timeout = ctx.timeout or DEFAULT_TIMEOUT
     started = time.monotonic()
     try:
-        response = client().request(
+        response = fetch(
+            client(),
             request.method,
             request.url,
             headers=request.headers,

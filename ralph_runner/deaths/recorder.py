@@ -34,6 +34,7 @@ from ralph_runner.actions import nvml
 from ralph_runner.durable import jsonl
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.plugins import network_errors
+from ralph_runner.plugins.bounded_http import fetch
 from ralph_runner.process.connection import Connection
 
 DIRECTORY = "recorder"  # under the state directory
@@ -378,7 +379,7 @@ class Recorder:
     def _scrape(self) -> tuple[dict[str, float], str | None]:
         assert self._client is not None and self.settings.url is not None
         try:
-            response = self._client.get(self.settings.url)
+            response = fetch(self._client, "GET", self.settings.url, timeout=SCRAPE_TIMEOUT)
         except httpx.HTTPError as exc:
             return {}, network_errors.classify(exc)[0]  # refused, timeout or error, as a probe says
         if response.status_code != 200:

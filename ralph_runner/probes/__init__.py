@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import httpx
 
 from ralph_runner.plugins import discovery
+from ralph_runner.plugins.bounded_http import fetch
 from ralph_runner.plugins.network_errors import classify
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ def excerpt(text: str) -> str:
 
 
 def request(ctx: ProbeContext, method: str, url: str, **options: Any) -> httpx.Response:
-    """One request on the shared client, within the probe's timeout.
+    """One request on the shared client, its whole answer within the probe's timeout and
+    MAX_BODY bytes (plugins/bounded_http.py).
 
     A kept-alive connection that the server dropped (it restarted, died, or closed an idle
     connection as uvicorn does after 5 s) fails on reuse; that gets one retry, on a fresh
@@ -114,12 +116,12 @@ def request(ctx: ProbeContext, method: str, url: str, **options: Any) -> httpx.R
     """
     started = time.monotonic()
     try:
-        return ctx.client.request(method, url, timeout=ctx.timeout, **options)
+        return fetch(ctx.client, method, url, timeout=ctx.timeout, **options)
     except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
         left = ctx.timeout - (time.monotonic() - started)
         if left <= 0:
             raise
-        return ctx.client.request(method, url, timeout=left, **options)
+        return fetch(ctx.client, method, url, timeout=left, **options)
 
 
 def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResult:
