@@ -158,9 +158,13 @@ class Runner:
 
     def _loop(self) -> int:
         limit = self.model.loop.max_iterations
+        warned = False
         while True:
             self.signals.raise_pending()
             text = checklist.read(self.checklist_path)
+            if not warned and (message := checklist.near_miss_warning(text)):
+                self._warn(message)  # once a run: lines like "-[ ] x" are never worked on
+            warned = True
             self._counts = checklist.counts(text)
             item = checklist.next_todo(text)
             if item is None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-UNCHECKED = re.compile(rb"^[ \t]*- (\[ \])(.*?)\r?$", re.MULTILINE)
+from ralph_runner.workspace import checklist as checklist_file
 
 
 def ask(url: str, model: str, prompt: str, timeout: float, max_tokens: int = 16) -> str:
@@ -66,14 +65,14 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
 
 
 def tick_first(checklist: Path) -> str | None:
-    """Turns the first `- [ ]` into `- [x]`, every other byte unchanged; the item's text."""
-    data = checklist.read_bytes()
-    match = UNCHECKED.search(data)
-    if match is None:
+    """Ticks the first todo item (any form the loop accepts: `- [ ]`, `* [ ]`, `1. [ ]`, ...),
+    every other byte unchanged; the item's text, or None when none is left."""
+    text = checklist_file.read(checklist)
+    item = checklist_file.next_todo(text)
+    if item is None:
         return None
-    start, end = match.span(1)
-    checklist.write_bytes(data[:start] + b"[x]" + data[end:])
-    return match.group(2).decode("utf-8", errors="replace").strip()
+    checklist.write_bytes(checklist_file.mark(text, item, checklist_file.DONE).encode("utf-8"))
+    return item.text
 
 
 def commit(message: str) -> str:

@@ -18,9 +18,24 @@ from ralph_runner.errors import FatalError, Problem
 
 TODO, DONE, SKIPPED = " ", "x", "!"
 
-# "- [ ] text", "  * [x] text", "+ [!]": any indentation, a bullet, a one-character marker, then
-# a blank or the end of the line ("- [x]foo" is not a task item in Markdown either).
-_ITEM = re.compile(r"\ufeff?[ \t]*[-*+][ \t]+\[(?P<mark>[ xX!])\](?P<text>[ \t\r].*)?")
+# The grammar is GitHub's task lists (docs/writing-runbooks.md, "The checklist"): any
+# indentation, a bullet ("-", "*", "+") or an ordered marker ("1." or "1)"), a blank, a one-
+# character marker in brackets ("[ ]" todo, "[x]"/"[X]" done, our "[!]" skipped), then a blank
+# and the item's text, which must not be empty. Nothing inside a fenced code block (``` or ~~~)
+# counts. "- [x]foo" is not a task item on GitHub either.
+_ITEM = re.compile(
+    r"\ufeff?[ \t]*(?:[-*+]|[0-9]{1,9}[.)])[ \t]+\[(?P<mark>[ xX!])\]"
+    r"(?P<text>[ \t][ \t\r]*[^ \t\r].*)"
+)
+# What a reader takes for an item but the grammar does not: a bullet glued to its box ("-[ ]"),
+# an unknown marker ("- [?]"), an empty box ("- []"), a box with no text or glued to it, or a
+# box with no bullet at all ("[ ] text"). Warned about, never worked on.
+_LOOKS_LIKE_ITEM = re.compile(
+    r"\ufeff?[ \t]*(?:(?:[-*+]|[0-9]{1,9}[.)])[ \t]*\[[^\]]?\]|\[[ xX!]?\][ \t]).*"
+)
+# A fence opens with three or more backticks or tildes (a backtick fence's info string has no
+# backtick) and closes with a line of at least as many of the same character and nothing else.
+_FENCE = re.compile(r"\ufeff?[ \t]*(?P<fence>`{3,}(?=[^`]*$)|~{3,}).*")
 
 
 @dataclass(frozen=True)
@@ -122,13 +137,54 @@ def write(path: Path, text: str) -> None:
     write_atomic(Path(path), text.encode("utf-8"))
 
 
+def near_misses(text: str) -> list[int]:
+    """1-based numbers of the lines that look like items but are not (see _LOOKS_LIKE_ITEM),
+    outside fenced code blocks: the loop warns about them once a run."""
+    return [number for number, _, line in _lines(text) if _near_miss(line)]
+
+
+def near_miss_warning(text: str) -> str | None:
+    """The run's one warning about near misses, naming their line numbers; None if none."""
+    numbers = near_misses(text)
+    if not numbers:
+        return None
+    shown = ", ".join(str(n) for n in numbers[:20]) + (" ..." if len(numbers) > 20 else "")
+    return (
+        f"the checklist's line{'s' if len(numbers) > 1 else ''} {shown} look"
+        f"{'' if len(numbers) > 1 else 's'} like an item but {'are' if len(numbers) > 1 else 'is'}"
+        " not one, so ralph-run will not work on "
+        f"{'them' if len(numbers) > 1 else 'it'}: write '- [ ] text' ('- [x]' done, '- [!]'"
+        " skipped) with a blank after the bullet and some text"
+    )
+
+
+def _near_miss(line: str) -> bool:
+    return _ITEM.fullmatch(line) is None and _LOOKS_LIKE_ITEM.fullmatch(line) is not None
+
+
 def _item_lines(text: str) -> Iterator[tuple[int, int, re.Match[str]]]:
     """(1-based line number, offset of the line in `text`, match) for each item line."""
-    start = 0
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, start, line in _lines(text):
         match = _ITEM.fullmatch(line)
         if match:
             yield number, start, match
+
+
+def _lines(text: str) -> Iterator[tuple[int, int, str]]:
+    """(1-based line number, offset, line) for each line outside fenced code blocks."""
+    start = 0
+    fence = ""  # the open fence's characters, or "" outside a fence
+    for number, line in enumerate(text.split("\n"), 1):
+        opened = _FENCE.fullmatch(line.rstrip("\r"))
+        if fence:
+            run = opened["fence"] if opened else ""
+            bare = line.rstrip("\r").strip(" \t\ufeff") == run  # nothing after a closing fence
+            if bare and run[:1] == fence[0] and len(run) >= len(fence):
+                fence = ""
+        elif opened:
+            fence = opened["fence"]
+        else:
+            yield number, start, line
         start += len(line) + 1
 
 

@@ -38,13 +38,12 @@ def test_parse_finds_items_with_lines_indexes_marks_and_stripped_text():
         Item("src/game.js 상태 머신 골격", 5, 2, " "),
         Item("nested with a tab and a star", 6, 3, "x"),
         Item("tests/collision.test.js", 7, 4, " "),
-        Item("", 11, 5, " "),
     ]
 
 
 def test_counts_report_progress_and_size():
     assert checklist.counts(SEED_LIKE) == Counts(
-        done=2, todo=3, skipped=1, chars=len(SEED_LIKE), lines=10
+        done=2, todo=2, skipped=1, chars=len(SEED_LIKE), lines=10
     )
     assert checklist.counts("").as_dict() == dict(done=0, todo=0, skipped=0, chars=0, lines=0)
 
@@ -122,6 +121,70 @@ def test_read_reports_missing_and_undecodable_files(tmp_path: Path):
     assert (problem.file, problem.line, problem.column) == (str(bad), 2, 10)
 
 
+# --- the grammar: GitHub task lists, plus "[!]" (issue 31, item 7) ---------------------------
+
+GRAMMAR = (
+    "- [ ] dash\n"  # 1
+    "* [x] star\n"  # 2
+    "+ [X] plus\n"  # 3
+    "1. [ ] ordered with a dot\n"  # 4
+    "10) [!] ordered with a parenthesis\n"  # 5
+    "```\n"  # 6
+    "- [ ] an example in a code fence\n"  # 7
+    "````\n"  # 8: closes the fence (at least as long)
+    "~~~ markdown\n"  # 9
+    "- [ ] in a tilde fence\n"  # 10
+    "```\n"  # 11: a backtick line does not close a tilde fence
+    "~~~\n"  # 12
+    "-[ ] glued bullet\n"  # 13
+    "- [?] unknown mark\n"  # 14
+    "- [ ]\n"  # 15: no text
+    "- [x]   \r\n"  # 16: blanks only
+    "- []\n"  # 17
+    "- [ ]glued text\n"  # 18
+    "[ ] no list marker\n"  # 19
+    "- [link](https://example.com) is a list item, not a task\n"  # 20
+    "[1]: https://example.com\n"  # 21
+    "  2. [ ] last\n"  # 22
+)
+
+
+def test_items_follow_github_task_lists_and_skip_code_fences():
+    assert [(i.line, i.mark, i.text) for i in checklist.parse(GRAMMAR)] == [
+        (1, " ", "dash"),
+        (2, "x", "star"),
+        (3, "x", "plus"),
+        (4, " ", "ordered with a dot"),
+        (5, "!", "ordered with a parenthesis"),
+        (22, " ", "last"),
+    ]
+
+
+def test_lines_that_look_like_items_but_are_not_are_named_in_one_warning():
+    assert checklist.near_misses(GRAMMAR) == [13, 14, 15, 16, 17, 18, 19]
+    warning = checklist.near_miss_warning(GRAMMAR)
+    assert warning is not None and "lines 13, 14, 15, 16, 17, 18, 19 look like an item" in warning
+    assert checklist.near_miss_warning("- [ ] fine\n```\n-[ ] in a fence\n```\n") is None
+    assert "line 1 looks like an item" in (checklist.near_miss_warning("- [ ]\n") or "")
+
+
+def test_an_empty_item_is_never_the_next_todo():
+    assert checklist.next_todo("- [ ]\n- [ ] \r\n- [ ] real\n") == Item("real", 3, 0, " ")
+
+
+def test_every_accepted_form_can_be_ticked_and_skipped():
+    text = GRAMMAR
+    while (item := checklist.next_todo(text)) is not None:
+        text = checklist.mark(text, item, checklist.DONE)
+    assert [i.mark for i in checklist.parse(text)] == ["x", "x", "x", "x", "!", "x"]
+    assert text.count("[ ]") == GRAMMAR.count("[ ]") - 3  # lines 1, 4, 22 only
+    assert "1. [x] ordered with a dot\n" in text and "  2. [x] last\n" in text
+
+
+def test_an_unclosed_fence_hides_the_rest_like_markdown_does():
+    assert [i.text for i in checklist.parse("- [ ] a\n~~~~\n- [ ] b\n~~~\n- [ ] c\n")] == ["a"]
+
+
 # --- generated checklists ------------------------------------------------------------------
 
 KOREAN = st.sampled_from(["상태 머신", "충돌 판정", "좌우 화살표", "테스트", "완료"])
@@ -132,6 +195,7 @@ PLAIN = st.text(
 NEAR_MISSES = st.sampled_from(
     ["- [y] no", "-[ ] no", "- [ ]glued", "- [x]\u00a0nbsp", "[ ] no bullet", "  -  [] empty", ""]
 )
+NOT_A_FENCE = PLAIN.filter(lambda line: not line.lstrip(" \t\ufeff").startswith(("```", "~~~")))
 
 
 @dataclass
@@ -146,12 +210,13 @@ class Line:
 def item_lines(
     draw,
     indents=("", " ", "  ", "    ", "\t", " \t"),
-    bullets="-*+",
+    bullets=("-", "*", "+", "1.", "12)"),
     gaps=(" ", "  ", "\t"),
     marks=" xX!",
 ):
     indent, bullet, gap, mark = (draw(st.sampled_from(c)) for c in (indents, bullets, gaps, marks))
-    text = draw(st.lists(st.one_of(KOREAN, PLAIN), max_size=3).map(" ".join))
+    text = draw(st.lists(st.one_of(KOREAN, PLAIN), max_size=2).map(" ".join))
+    text = draw(KOREAN) + (" " + text if text else "")  # an item needs text
     head = f"{indent}{bullet}{gap}["
     return Line(f"{head}{mark}] {text}", len(head), mark.lower(), text.strip())
 
@@ -175,11 +240,11 @@ def checklist_files(draw, items, others):
     return "".join(parts), offsets
 
 
-ANY_CHECKLIST = checklist_files(item_lines(), st.one_of(PLAIN, NEAR_MISSES, KOREAN))
+ANY_CHECKLIST = checklist_files(item_lines(), st.one_of(NOT_A_FENCE, NEAR_MISSES, KOREAN))
 # What the seed's `grep -cE '^[ ]*- \[x\]'` understands: spaces, "-", one blank, lowercase x.
 SEED_CHECKLIST = checklist_files(
     item_lines(indents=("", " ", "   "), bullets="-", gaps=(" ",), marks=" x!"),
-    st.one_of(PLAIN, KOREAN),
+    st.one_of(NOT_A_FENCE, KOREAN),
 )
 
 
