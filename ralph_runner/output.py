@@ -191,7 +191,7 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
     "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
     "receipt": lambda f, p: p(
         "dim",
-        f"  🧾 {f.get('requests', 0)} requests: {f.get('prompt_tokens', 0)} prompt + "
+        f"  🧾 {plural(f.get('requests', 0), 'request')}: {f.get('prompt_tokens', 0)} prompt + "
         f"{f.get('generated_tokens', 0)} generated tokens",
     ),
     "output": lambda f, p: p("dim", "    │ ") + f["text"],

@@ -18,10 +18,10 @@ QUICK = True  # milliseconds: status.json is not rewritten for it
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    checked: bool = True  # the item is "- [x]" in the checklist
+    checked: bool = True  # the item is ticked ("[x]" or "[X]") in the checklist
     committed: bool = True  # HEAD moved during the iteration and the worktree is clean
-    # More paths (gitignore patterns) that are the agent's own files, on top of the built-in
-    # housekeeping.DEFAULT_IGNORE (aider's .aider*): never "uncommitted changes".
+    # More paths (gitignore patterns) that are the agent's own files, never "uncommitted
+    # changes": on top of the built-in `.aider*` (aider's history and cache files).
     ignore: list[str] = []
 
 

@@ -118,7 +118,7 @@ def throughput_line(throughput: dict[str, Any]) -> str:
         f"; tokens per item: {throughput['tokens_per_item']:,.0f} "
         f"({throughput['prompt_tokens_per_item']:,.0f} prompt, "
         f"{throughput['generated_tokens_per_item']:,.0f} generated; "
-        f"{throughput['requests']} requests"
+        f"{plural(throughput['requests'], 'request')}"
     )
     if throughput["estimated"]:
         line += f"; {throughput['estimated']} iteration(s) without usage: a lower bound"

@@ -284,7 +284,7 @@ def without_tokens(
     return (
         False,
         "stalled",
-        f"no token for {quiet:.1f} s while {active:g} requests active"
+        f"no token for {quiet:.1f} s while {active:g} request{'' if active == 1 else 's'} active"
         f" (bound {limit.seconds:.1f} s: {limit.why})",
     )
 

@@ -7,6 +7,7 @@ runtime error months later still points at the line to fix.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,7 @@ def death_field_problems(specs: list[TaskSpec]) -> list[Problem]:
 
 def find_collector_set(name: str, runbook_dir: Path) -> Path | None:
     """collectors/NAME.yaml beside the runbook, in its parent, then the copy shipped with us."""
-    for root in (runbook_dir / "collectors", runbook_dir.parent / "collectors", SHIPPED_COLLECTORS):
+    for root in _collector_roots(runbook_dir):
         candidate = root / f"{name}.yaml"
         if candidate.is_file():
             return candidate
@@ -272,9 +273,20 @@ def _nest(positions: dict, key: str) -> dict:
     return {(key, *path): where for path, where in positions.items()}
 
 
+def _collector_roots(runbook_dir: Path) -> list[Path]:
+    """Where collector sets are looked for, as absolute paths, each once (a runbook in "." has
+    "collectors" beside it and in its parent: the same relative name, two different places)."""
+    base = runbook_dir.absolute()
+    roots = [base / "collectors", base.parent / "collectors", SHIPPED_COLLECTORS.absolute()]
+    return list(dict.fromkeys(Path(os.path.normpath(root)) for root in roots))
+
+
 def _missing_set(name: str, base: Path) -> str:
-    places = [base / "collectors", base.parent / "collectors", SHIPPED_COLLECTORS]
+    places = _collector_roots(base)
     names = sorted({p.stem for root in places if root.is_dir() for p in root.glob("*.yaml")})
-    return f"no collector set {name!r} (looked in {', '.join(map(str, places))}); known: " + (
-        ", ".join(names) or "none"
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"no collector set {name!r}; {hint}(looked in {', '.join(map(str, places))}); known: "
+        + (", ".join(names) or "none")
     )

@@ -45,3 +45,23 @@ def test_a_failed_step_never_reads_exit_none():
     shown = human("step-done", exit_code=None, killed=False, status="no new commit", **common)
     assert shown.rstrip().endswith("✗ verify 0.0s no new commit")
     assert "killed" in human("step-done", exit_code=None, killed=True, **common)
+
+
+def test_counts_of_one_are_singular_in_the_receipt_and_the_throughput_line():
+    """Issue 31, item 8: "1 requests" read wrong wherever a count was printed."""
+    from ralph_runner.deaths import text
+
+    one = human("receipt", requests=1, prompt_tokens=10, generated_tokens=2)
+    assert "🧾 1 request: 10 prompt + 2 generated tokens" in one
+    assert "🧾 2 requests:" in human("receipt", requests=2, prompt_tokens=1, generated_tokens=1)
+    throughput = {
+        "items_per_hour": 1.0,
+        "items_done": 1,
+        "running_seconds": 3600,
+        "tokens_per_item": 12,
+        "prompt_tokens_per_item": 10,
+        "generated_tokens_per_item": 2,
+        "requests": 1,
+        "estimated": 0,
+    }
+    assert "generated; 1 request)" in text.throughput_line(throughput)

@@ -112,7 +112,7 @@ def test_a_hang_with_the_agents_request_active_is_stalled_after_stall_after(engi
     assert seconds >= STALL_AFTER  # never before stall_after without a token
     ((name, reason, detail),) = failing(watch)
     assert (name, reason) == ("engine progress", "stalled")
-    assert detail.startswith("no token for ") and " s while 1 requests active (bound " in detail
+    assert detail.startswith("no token for ") and " s while 1 request active (bound " in detail
 
 
 def test_an_idle_hang_is_stalled_within_the_bound(engine, health):

@@ -172,7 +172,7 @@ def test_hang_with_a_request_active_is_stalled_after_stall_after(engine, prober)
     assert moved.detail.startswith("progress: +5 tokens")
     assert results and all(r.detail.startswith("busy: 1 active, no token for") for r in results)
     assert (result.reason, result.detail[:13]) == ("stalled", "no token for ")
-    assert "s while 1 requests active (bound 0.6 s: stall_after 0.6 s)" in result.detail
+    assert "s while 1 request active (bound 0.6 s: stall_after 0.6 s)" in result.detail
     assert stalled_at >= prober.params.stall_after
     assert engine.completions == 0  # requests active: no canary needed, none sent
 
