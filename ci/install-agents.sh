@@ -3,7 +3,9 @@
 #   .cache/agents/node_modules/.bin/{opencode,codex}   (npm: opencode-ai, @openai/codex)
 #   .cache/aider-venv/bin/aider                        (pip: aider-chat, in its own venv)
 # Idempotent: a second run finds the pinned versions in place and takes seconds.
-# Prints one line: what it installed, or why it could not (the agent tests then skip).
+# Prints one line: what it installed, or why it could not (the agent tests then skip), each
+# failure naming the agents it leaves out first: "could not: opencode codex (npm not found);
+# aider (pip install ... failed, ...)". ci/run-tests.sh excuses those agents' tests by that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +33,7 @@ install_npm() {
     done_parts+=("opencode+codex cached")
     return
   fi
-  command -v npm >/dev/null || { failed_parts+=("npm not found"); return; }
+  command -v npm >/dev/null || { failed_parts+=("opencode codex (npm not found)"); return; }
   [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' >"$NODE_DIR/package.json"
   npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact "$OPENCODE" "$CODEX" \
     >>"$LOG" 2>&1
@@ -40,7 +42,7 @@ install_npm() {
   if npm_agents_work; then
     done_parts+=("$OPENCODE $CODEX installed")
   else
-    failed_parts+=("npm install $OPENCODE $CODEX failed (see $LOG)")
+    failed_parts+=("opencode codex (npm install $OPENCODE $CODEX failed, see $LOG)")
   fi
 }
 
@@ -54,7 +56,7 @@ install_aider() {
     ci/pip-install.sh "$AIDER_VENV" -q "$AIDER" >>"$LOG" 2>&1 && [ -x "$AIDER_VENV/bin/aider" ]; then
     done_parts+=("$AIDER installed")
   else
-    failed_parts+=("pip install $AIDER failed (see $LOG)")
+    failed_parts+=("aider (pip install $AIDER failed, see $LOG)")
   fi
 }
 
@@ -62,6 +64,9 @@ start=$SECONDS
 install_npm
 install_aider
 summary="install-agents: ${done_parts[*]:-nothing}"
-[ "${#failed_parts[@]}" -gt 0 ] && summary+="; could not: ${failed_parts[*]}"
+if [ "${#failed_parts[@]}" -gt 0 ]; then
+  failed=$(printf '; %s' "${failed_parts[@]}")
+  summary+="; could not: ${failed#; }"
+fi
 echo "$summary ($((SECONDS - start)) s)"
 exit 0

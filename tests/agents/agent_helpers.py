@@ -39,12 +39,14 @@ PROMPT = "Read PLAN.md. Do exactly this item, tick it in CHECKLIST.md, commit: {
 
 
 def require(agent: str) -> Path:
-    """The agent's binary, or the test skips saying how to get it."""
+    """The agent's binary, or the test skips naming the agent first (CI excuses a skip by what
+    its reason names before its first ": ", tests/conftest.py), then what the install said."""
     binary = BINARIES[agent]
     if not binary.exists():
-        pytest.skip(
-            f"{agent} not installed at {binary.relative_to(ROOT)}: run ci/install-agents.sh"
-        )
+        said = CACHE / "install-agents.out"
+        lines = said.read_text(errors="replace").splitlines() if said.exists() else []
+        why = lines[-1].strip() if lines else "run ci/install-agents.sh"
+        pytest.skip(f"{agent} not installed at {binary.relative_to(ROOT)}: {why}")
     return binary
 
 

@@ -31,7 +31,8 @@ ITEM = "create hello.txt saying hello"
 SLOW = 5  # tokens per second: every answer takes seconds to stream
 SCRIPT = {"items": [{"match": "hello.txt", "files": {"hello.txt": "hello\n"}}]}
 
-pytestmark = pytest.mark.timeout(300)
+# Each test drives a real agent: the tier's tests that need its install (tests/conftest.py).
+pytestmark = [pytest.mark.agents, pytest.mark.timeout(300)]
 
 MakeScenario = Callable[[str], AgentScenario]
 

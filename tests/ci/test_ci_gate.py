@@ -101,4 +101,6 @@ def test_the_gate_is_green_when_every_step_is(tmp_path: Path) -> None:
     code, output, calls = run_gate(tmp_path, venv=0, pip=0, tests=0)
     assert code == 0, output
     assert calls == ["python3", "pip", "tests/run"]
-    assert "ci: tiers allowed to skip: " in output
+    excused = next(line for line in output.splitlines() if line.startswith("ci: skips excused: "))
+    # every tier's install said it was ready (this machine's sshd or promtool may be missing)
+    assert not any(f"{tier}/" in excused for tier in ("real", "agents", "docker", "browser"))
