@@ -144,7 +144,9 @@ class Runner:
     def _resume(self) -> state.State:
         loaded = self.store.load()
         if loaded.status in state.STARTS_OVER:
-            loaded.iteration = 0
+            # Iteration numbers go on across runs in a workdir, so a death's "iter 9" and top's
+            # list name one iteration each; max_iterations counts this run's from here.
+            loaded.run_from = loaded.iteration
             loaded.started = time.time()
         else:
             self.output.event(
@@ -170,7 +172,7 @@ class Runner:
             if item is None:
                 self._summary(text)
                 return ExitCode.DONE
-            if limit and self.state.iteration >= limit:
+            if limit and self.state.iteration - self.state.run_from >= limit:
                 self._summary(text, stopped=True)
                 return ExitCode.MAX_ITERATIONS
             pause.iterate(self, item)  # self.run_iteration(item), or a wait: `ralph-run pause`
@@ -610,7 +612,7 @@ class Runner:
         self.output.event(
             "summary",
             stopped_at_max=stopped,
-            iterations=self.state.iteration,
+            iterations=self.state.iteration - self.state.run_from,  # this run's
             done=counts.done,
             todo=counts.todo,
             skipped=counts.skipped,

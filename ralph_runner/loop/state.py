@@ -46,7 +46,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "running": frozenset(STATUSES[1:]),
     **{ended: frozenset({"running"}) for ended in ENDED},
 }
-# A run that starts from these starts over (iteration 0); from the others it resumes.
+# A run that starts from these starts over (its own max_iterations, its iteration numbers going
+# on from the last run's); from the others it resumes.
 STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken"})
 
 # What changes at every iteration and step: saved with a rename, fsynced with the rest only (a
@@ -58,7 +59,8 @@ VOLATILE = frozenset({"iteration", "current_item", "phase"})
 class State:
     """What a restarted run needs to continue: counters, strikes, the item in hand."""
 
-    iteration: int = 0
+    iteration: int = 0  # the last iteration's number; numbers go on across runs in a workdir
+    run_from: int = 0  # `iteration` when this run started over: max_iterations counts from here
     strikes: dict[str, int] = field(default_factory=dict)  # item text -> strikes so far
     deaths: int = 0
     death_times: list[float] = field(default_factory=list)  # epoch seconds, for crash-loop windows
@@ -128,6 +130,7 @@ _VALID = {
     "last_death": lambda v: v is None or isinstance(v, dict),
     "last_start": lambda v: v is None or isinstance(v, dict),
     "last_failure": lambda v: v is None or isinstance(v, dict),
+    "run_from": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "agent_broken": lambda v: v is None or isinstance(v, dict),
     "limited": lambda v: v is None or isinstance(v, dict),
