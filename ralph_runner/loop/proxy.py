@@ -22,12 +22,19 @@ agent waiting on the server?"), and `awaiting()` which of them still wait for th
 and how long the largest should take at the pace the earlier ones showed: the progress probe's
 hang bound covers a long prompt's first engine step with it (docs: hangs). A proxy that cannot
 start leaves the agent on the direct URL (`running` warns): receipts are no reason to stop a loop.
+
+It listens on 127.0.0.1, where every local user can connect: its URL's path starts with a
+secret of the run's (`/<token>/v1`), and a request without it is refused (403). It forwards to
+its upstream only (the request line's path, never an absolute form or userinfo), takes bodies
+up to MAX_REQUEST with a valid Content-Length, gives a client CLIENT_SILENCE s to send, and an
+upstream UPSTREAM_SILENCE s between bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import threading
 import time
 from collections import deque
@@ -61,7 +68,14 @@ HOP_BY_HOP = {
     "host",
     "content-length",
 }
-CONNECT_TIMEOUT = 10.0  # s; reads wait as long as the server takes (a long generation)
+CONNECT_TIMEOUT = 10.0  # s to connect upstream
+# s the upstream may send nothing (a long prefill sends no byte until its first token): past
+# it the request is cut, so a server that stops sending never holds a request (and the
+# in-flight count) for good. Ten minutes: above any one prefill the hang bound would allow.
+UPSTREAM_SILENCE = 600.0
+CLIENT_SILENCE = 60.0  # s a client may take to send its request, or stall reading our answer
+MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request body (a prompt, images included)
+TOO_LARGE = f"a request body over {MAX_REQUEST // 2**20} MiB"
 SETTLE = 0.5  # s an iteration's receipt waits for a request still being counted
 PACES = 16  # the latest streamed requests whose time to first token per byte is remembered
 MAX_EVENT = 1024 * 1024  # bytes of one SSE event kept for counting; a longer one is not parsed
@@ -200,13 +214,22 @@ def _pieces(chunk: dict[str, Any]) -> int:
 class Proxy:
     """One loop's proxy to `upstream` (an OpenAI base URL such as http://host:8000/v1)."""
 
-    def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        client_silence: float = CLIENT_SILENCE,
+        upstream_silence: float = UPSTREAM_SILENCE,
+    ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"not an http(s) URL: {upstream!r}")
         self.upstream = upstream
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._path = parts.path.rstrip("/")
+        self._secret = "/" + secrets.token_urlsafe(18)  # the URL's first segment: ours only
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._totals = Totals()
@@ -214,7 +237,8 @@ class Proxy:
         self._awaiting: dict[int, tuple[float, int]] = {}  # request -> (sent, body bytes)
         self._paces: deque[float] = deque(maxlen=PACES)  # s to first token per body byte
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)
-        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT)
+        self.client_silence = client_silence
+        timeout = httpx.Timeout(upstream_silence, connect=CONNECT_TIMEOUT)
         self._client = httpx.Client(timeout=timeout, limits=limits, trust_env=False)
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -228,8 +252,9 @@ class Proxy:
 
     @property
     def url(self) -> str:
-        """The base URL the agent is given: the upstream's path on the proxy."""
-        return f"http://127.0.0.1:{self.port}{self._path}"
+        """The base URL the agent is given: the upstream's path on the proxy, behind the run's
+        secret segment."""
+        return f"http://127.0.0.1:{self.port}{self._secret}{self._path}"
 
     def start(self) -> Proxy:
         self._thread.start()
@@ -324,6 +349,10 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and chunked, as the agents' clients expect
 
+        def setup(self) -> None:
+            super().setup()
+            self.connection.settimeout(proxy.client_silence)  # a half-sent request, an idle one
+
         def do_GET(self) -> None:
             self._forward()
 
@@ -333,10 +362,10 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             pass  # the agent's output is the loop's; a proxy line per request is noise
 
         def _forward(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                body = self._read_chunked()
+            path = self._upstream_path()
+            body = self._body() if path is not None else None
+            if path is None or body is None:
+                return
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             started = time.monotonic()
             request_id = id(self)
@@ -345,7 +374,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             failed = True
             try:
                 request = proxy._client.build_request(
-                    self.command, proxy._origin + self.path, headers=headers, content=body
+                    self.command, proxy._origin + path, headers=headers, content=body
                 )
                 try:
                     response = proxy._client.send(request, stream=True)
@@ -407,26 +436,70 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return False
 
-        def _read_chunked(self) -> bytes:
+        def _upstream_path(self) -> str | None:
+            """The path to ask upstream: the request's, past the run's secret segment (an
+            origin-form path, so the upstream's address is the only one ever asked); None,
+            and a 403, for a request that does not know the secret."""
+            secret = proxy._secret
+            if self.path == secret or self.path.startswith((secret + "/", secret + "?")):
+                return self.path[len(secret) :] or "/"
+            self._refuse(HTTPStatus.FORBIDDEN, "not this loop's agent proxy URL")
+            return None
+
+        def _body(self) -> bytes | None:
+            """The request's body, within MAX_REQUEST; None (and a 4xx sent) when it is not."""
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                return self._read_chunked()
+            given = (self.headers.get("Content-Length") or "0").strip()
+            if not given.isdigit():
+                self._refuse(HTTPStatus.BAD_REQUEST, f"Content-Length {given!r} is no length")
+                return None
+            length = int(given)
+            if length > MAX_REQUEST:
+                self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, TOO_LARGE)
+                return None
+            return self.rfile.read(length) if length else b""
+
+        def _read_chunked(self) -> bytes | None:
             parts: list[bytes] = []
+            total = 0
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline(1024).split(b";")[0].strip() or b"0"
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    self._refuse(HTTPStatus.BAD_REQUEST, "a chunk size that is no number")
+                    return None
+                total += size
+                if size < 0 or total > MAX_REQUEST:
+                    self._refuse(
+                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a body over {MAX_REQUEST} B"
+                    )
+                    return None
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                         pass
                     return b"".join(parts)
                 parts.append(self.rfile.read(size))
-                self.rfile.readline()
+                self.rfile.readline(1024)
+
+        def _refuse(self, status: HTTPStatus, why: str) -> None:
+            """An answer of the proxy's own (never forwarded); the connection is closed."""
+            self._answer(status, f"ralph-run agent proxy: {why}")
+            self.close_connection = True
 
         def _bad_gateway(self, exc: httpx.HTTPError) -> None:
             """The server did not answer: the agent gets a 502 that names it (a refused
             connection reads as "refused" in the agent's error, as it would without the proxy)."""
-            reason = _why(exc)
-            message = f"ralph-run agent proxy: {proxy.upstream}: {reason}"
-            payload = {"error": {"message": message, "type": "BadGateway", "code": 502}}
+            self._answer(
+                HTTPStatus.BAD_GATEWAY, f"ralph-run agent proxy: {proxy.upstream}: {_why(exc)}"
+            )
+
+        def _answer(self, status: HTTPStatus, message: str) -> None:
+            payload = {"error": {"message": message, "type": status.phrase, "code": status}}
             data = json.dumps(payload).encode()
             with contextlib.suppress(OSError):
-                self.send_response_only(HTTPStatus.BAD_GATEWAY)
+                self.send_response_only(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
