@@ -54,11 +54,9 @@ def prober(engine, client):
 
 
 def verdict(result: ProbeResult) -> tuple[bool, str | None]:
+    """ok and reason; a failed verdict's reason is one of the reasons probes document."""
+    assert result.ok or result.reason in probes.REASONS, result
     return result.ok, result.reason
-
-
-def test_stalled_is_a_reason():
-    assert "stalled" in probes.REASONS
 
 
 # idle
@@ -92,9 +90,11 @@ def test_an_engine_that_answered_gets_stall_after_before_an_unanswered_canary_is
     """The gauges say idle until an engine step ends: the first chunk of a long prompt that just
     came looks like an idle engine that does not answer. One that answered a canary before gets
     stall_after s from its first unanswered one; a hang is still stalled once they are up."""
-    prober = Prober(client, params_for(engine, stall_after=3.0), timeout=1.0)
+    stall_after, timeout = 3.0, 1.0
+    prober = Prober(client, params_for(engine, stall_after=stall_after), timeout=timeout)
     assert verdict(prober.check()) == (True, None)  # it answered
     engine.hang()
+    unanswered = time.monotonic()  # the first unanswered canary is sent now
     first = prober.check()
     assert verdict(first) == (True, None) and first.detail.startswith("busy?: no answer"), first
 
@@ -103,7 +103,11 @@ def test_an_engine_that_answered_gets_stall_after_before_an_unanswered_canary_is
         return None if result.ok else result
 
     result = wait_for(failed, 10, "the hang to be stalled")
-    assert result.reason == "stalled" and "did not answer a 1-token request" in result.detail
+    waited = time.monotonic() - unanswered
+    assert verdict(result) == (False, "stalled") and "did not answer a 1-token" in result.detail
+    # The grace is stall_after s, no less and not much more: the check that ends it waits out
+    # its own canary (timeout s), and the check before it may have just begun (timeout s more).
+    assert stall_after <= waited <= stall_after + 2 * timeout + MARGIN, waited
 
 
 def test_a_server_that_never_answered_gets_no_grace(engine, client):
