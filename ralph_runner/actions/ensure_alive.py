@@ -19,7 +19,7 @@ QUICK = True  # milliseconds on a healthy service: status.json is not rewritten 
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    phase: str = "check"
+    phase: str = "check"  # the phase a death found here is recorded with, e.g. start, post-step
     context: dict[str, Any] = {}  # extra facts recorded with a death found by this step
 
 

@@ -28,11 +28,11 @@ DEFAULT_TIMEOUT = 30.0
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str
-    method: str = "GET"
-    status: Templated[int] | list[int] = 200
+    url: str  # where the request goes
+    method: str = "GET"  # the HTTP method
+    status: Templated[int] | list[int] = 200  # the status (or any of the statuses) that is success
     body: str | dict[str, Any] | list[Any] | None = None  # a dict or list is sent as JSON
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = {}  # request headers, e.g. Authorization
     lines: Regex | None = None  # keep only the lines of the body that match
 
     @field_validator("method")

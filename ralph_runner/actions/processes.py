@@ -29,7 +29,7 @@ COMMAND_WIDTH = 120
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    top: NonNegativeInt = 10
+    top: NonNegativeInt = 10  # how many of the largest processes (by resident memory) to list
     match: Regex | None = None  # searched in the joined command line
 
 

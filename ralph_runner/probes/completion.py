@@ -16,9 +16,9 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str  # the OpenAI base URL, e.g. http://127.0.0.1:8000/v1
-    model: str
-    max_tokens: Templated[PositiveInt] = 1
-    prompt: str = "ping"
+    model: str  # the served model's name
+    max_tokens: Templated[PositiveInt] = 1  # tokens to generate
+    prompt: str = "ping"  # the user message sent
     headers: dict[str, str] = {}  # e.g. Authorization for a server started with --api-key
 
 

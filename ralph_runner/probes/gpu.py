@@ -20,9 +20,10 @@ MIB = 1024 * 1024
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    index: Templated[NonNegativeInt] = 0
-    min_free_mib: Templated[NonNegativeInt] | None = None
-    max_used_percent: Templated[Annotated[float, Field(ge=0, le=100)]] | None = None  # of memory
+    index: Templated[NonNegativeInt] = 0  # the GPU's NVML index
+    min_free_mib: Templated[NonNegativeInt] | None = None  # fails with fewer MiB of memory free
+    # fails with more than this percent of its memory used
+    max_used_percent: Templated[Annotated[float, Field(ge=0, le=100)]] | None = None
 
 
 def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, str]:

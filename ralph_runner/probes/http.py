@@ -21,12 +21,17 @@ KIND = "http"
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    url: str
-    status: Templated[int] | list[int] = 200
-    method: str = "GET"
-    body_contains: str | None = None
-    json_values: dict[str, Any] | None = Field(None, alias="json")
-    headers: dict[str, str] = {}
+    url: str  # the URL checked
+    status: Templated[int] | list[int] = 200  # the status (or any of the statuses) that is healthy
+    method: str = "GET"  # the HTTP method
+    body_contains: str | None = None  # a text the body must hold
+    json_values: dict[str, Any] | None = Field(  # `json` shadows a BaseModel attribute
+        None,
+        alias="json",
+        description="values the JSON body must hold, by dotted path: "
+        "{data.0.id: my-model} (list indexes as numbers)",
+    )
+    headers: dict[str, str] = {}  # request headers, e.g. Authorization
 
     @field_validator("method")
     @classmethod

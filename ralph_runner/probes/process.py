@@ -24,7 +24,7 @@ KIND = "process"
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    pidfile: str | None = None
+    pidfile: str | None = None  # a file holding the pid (~ expanded); no file: not running
     name: str | None = None  # exact process name, as `ps -o comm` shows it
     cmdline: Regex | None = None  # searched in the joined command line
 

@@ -91,8 +91,11 @@ class Params(BaseModel):
 
     metrics: str  # vLLM's /metrics, beside /v1
     completion: completion_probe.Params | None = None  # the idle canary; None: idle is not checked
+    # token counters, summed over their label sets: when they move, the engine works
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
+    # gauges whose change is an engine step too (the KV-cache use grows with each prefill chunk)
     moving: list[str] = Field(default_factory=lambda: list(MOVING))
+    # gauges summed into the requests active: work that should make the numbers move
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
     stall: Stall | None = None  # the learned hang bound's limits (docs: hangs); unset: the defaults
     stall_after: Templated[PositiveFloat] | None = None  # s: a fixed hang bound instead of `stall`

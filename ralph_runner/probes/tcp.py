@@ -17,8 +17,8 @@ KIND = "tcp"
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: Templated[Annotated[int, Field(ge=1, le=65535)]]
+    host: str = "127.0.0.1"  # the host connected to, from this machine
+    port: Templated[Annotated[int, Field(ge=1, le=65535)]]  # the TCP port
 
 
 def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:

@@ -72,20 +72,25 @@ class TaskKeywords(Model):
     """What every task may say besides its action (Ansible's task keywords): the static part
     of `Task`, which adds one optional field per action kind."""
 
-    name: str | None = None
-    when: str | bool | None = None
-    register_: str | None = Field(None, alias="register")  # `register` is pydantic's
-    timeout: PositiveFloat | None = None
+    name: str | None = None  # shown on the console and in reports; default: the action's key
+    when: str | bool | None = None  # a condition (a template or true/false); false skips the task
+    register_: str | None = Field(  # `register` is pydantic's
+        None,
+        alias="register",
+        description="keep the task's result in this variable: rc, stdout, stdout_lines, ok, "
+        "failed, timed_out, stalled, truncated, seconds, and what the action adds",
+    )
+    timeout: PositiveFloat | None = None  # seconds; the task's whole process tree is killed past it
     # loop steps that run a command: killed as stalled after this many seconds of no output,
     # no CPU, no change in the workdir and no request on the server (loop/idle.py)
     idle_timeout: PositiveFloat | None = None
-    retries: NonNegativeInt | None = None
-    delay: NonNegativeFloat = 1.0
-    until: str | None = None
-    ignore_errors: bool = False
-    env: dict[str, str | int | float | bool] = {}
-    vars: dict[str, Any] = {}
-    delegate_to: str | None = None
+    retries: NonNegativeInt | None = None  # runs again until `until` is true (3 with `until`)
+    delay: NonNegativeFloat = 1.0  # seconds between the retries
+    until: str | None = None  # a condition: the task is retried until it is true
+    ignore_errors: bool = False  # a failure of this task does not fail its list of tasks
+    env: dict[str, str | int | float | bool] = {}  # more environment (ralph-run's is inherited)
+    vars: dict[str, Any] = {}  # variables for this task only
+    delegate_to: str | None = None  # run on this inventory host instead, e.g. localhost
 
 
 def _with_kinds(name: str, base: type[Model], kinds: dict[str, Any], what: str) -> Any:
@@ -109,15 +114,17 @@ def task_kind(task: BaseModel) -> str:
 class Use(Model):
     """`- use: NAME`: a collector set from collectors/NAME.yaml."""
 
+    # the set's NAME: collectors/NAME.yaml beside the runbook, in its directory's parent, or
+    # the one shipped with ralph-run
     use: str
-    vars: dict[str, Any] = {}
+    vars: dict[str, Any] = {}  # the set's variables
 
 
 class Include(Model):
     """`- include: FILE`: a task file, relative to the runbook."""
 
-    include: str
-    vars: dict[str, Any] = {}
+    include: str  # the file (a plain list of tasks), relative to the runbook
+    vars: dict[str, Any] = {}  # variables for the file's tasks
 
 
 def _entry_tag(value: Any) -> str:
@@ -137,8 +144,10 @@ TaskEntry = Annotated[
 class ProbeKeywords(Model):
     """What every probe may say besides its kind: the static part of `Probe`."""
 
-    name: str | None = None
-    timeout: PositiveFloat = 5.0
+    name: str | None = None  # shown in reports, status and death records; default: its kind
+    timeout: PositiveFloat = 5.0  # seconds a check may take; past it the probe fails (timeout)
+    # run at most every N iterations (in every check of an iteration where it is due);
+    # confirmation and recovery rounds run every probe
     every: PositiveInt = 1
 
 
@@ -153,29 +162,33 @@ def probe_kind(probe: BaseModel) -> str:
 
 
 class Checklist(Model):
-    path: str = "CHECKLIST.md"
+    path: str = "CHECKLIST.md"  # the Markdown task list (`- [ ]` items), relative to the workdir
+    # failed attempts (with no death) after which an item is marked `[!]` and skipped
     strikes: PositiveInt = 3
 
 
 class Health(Model):
-    probes: list[Probe] = []
-    failures_before_dead: PositiveInt = 2
-    interval: NonNegativeFloat = 1.0
-    watch: NonNegativeFloat = 0.0
+    probes: list[Probe] = []  # the checks; the service is healthy when every one passes
+    failures_before_dead: PositiveInt = 2  # consecutive failed rounds before it counts as dead
+    interval: NonNegativeFloat = 1.0  # seconds between those rounds while confirming
+    watch: NonNegativeFloat = 0.0  # also probe every this many seconds while a step runs; 0: off
 
 
 class Diagnostics(Model):
-    log: str = "logs/deaths.log"
+    log: str = "logs/deaths.log"  # the death reports, appended; relative to the workdir
+    # the death records (JSON lines); default: the log's path with the suffix `.jsonl`
     records: str | None = None
+    # a Jinja template for the report, relative to the runbook; "default": the built-in one
     template: str = "default"
-    timeout: PositiveFloat = 15.0
-    max_output: PositiveInt = 64 * 1024
+    timeout: PositiveFloat = 15.0  # seconds a collector may run, unless it has its own timeout
+    max_output: PositiveInt = 64 * 1024  # bytes of each collector's output kept (the last ones)
+    # the collectors: tasks run at once at each death, their output kept in its report
     collect: list[TaskEntry] = []
 
 
 class CrashLoop(Model):
-    deaths: PositiveInt = 5
-    within: PositiveFloat = 600.0
+    deaths: PositiveInt = 5  # more deaths than this within `within` seconds: give up
+    within: PositiveFloat = 600.0  # seconds: the window in which `deaths` are counted
 
 
 # What recovery steps (and their `when:`) see as `death`: built by service.py, checked by the
@@ -184,13 +197,16 @@ DEATH_FIELDS = ("number", "phase", "time", "probes", "reasons", "hung", "fault")
 
 
 class Recovery(Model):
+    # the tasks of one attempt, in order (a failing one ends the attempt); they see `death`
     steps: list[TaskEntry] = []
-    attempts: PositiveInt = 1
-    delay: NonNegativeFloat = 0.0
-    backoff: PositiveFloat = 1.0
+    attempts: PositiveInt = 1  # runs of the steps before the loop gives up
+    delay: NonNegativeFloat = 0.0  # seconds waited after a failed attempt before the next
+    backoff: PositiveFloat = 1.0  # `delay` is multiplied by this for each further attempt
+    # seconds after the steps within which every probe must pass, else the attempt failed
     healthy_within: NonNegativeFloat = 60.0
+    # the exit status of a run that gave up: the service not brought back, or a crash loop
     exit_code: int = Field(int(ExitCode.GAVE_UP), ge=1, le=255)
-    crash_loop: CrashLoop = CrashLoop()
+    crash_loop: CrashLoop = CrashLoop()  # give up when deaths come too often: a person should look
     # Loops on one host whose `lock` is the same recover their service once (default: the
     # URLs of the health probes, so loops on one base URL share it); "" turns sharing off.
     lock: str | None = None
@@ -249,7 +265,7 @@ class Limits(Model):
     exit_code: int = Field(
         int(ExitCode.LIMITED), ge=1, le=255
     )  # the exit of a run stopped by a limit
-    patterns: list[LimitPattern] = []
+    patterns: list[LimitPattern] = []  # limit messages of your own, tried before the known ones
 
 
 class LoopProxy(Model):
@@ -260,10 +276,10 @@ class LoopProxy(Model):
 
 
 class Loop(Model):
-    max_iterations: NonNegativeInt = 0
+    max_iterations: NonNegativeInt = 0  # iterations at most; 0: until no item is left to do
     # true (or {upstream: URL}): a per-loop proxy for the agent's receipts; default off
     proxy: bool | LoopProxy = False
-    steps: list[TaskEntry]
+    steps: list[TaskEntry]  # the tasks of one iteration, e.g. run the agent, verify, ensure_alive
 
 
 class Metrics(Model):
@@ -287,37 +303,40 @@ NOTIFY_EVENTS = (
 
 class NotifyTarget(Model):
     url: str  # an Apprise URL: ntfy://, slack://, discord://, mailto://, tgram://, json://...
+    # the events sent to it
     events: list[Literal[NOTIFY_EVENTS]] = ["gave-up", "agent-broken", "finished"]  # type: ignore[valid-type]
 
 
 class Notify(Model):
     """Notifications (Apprise) and a dead man's switch; sent in the background, never blocking."""
 
-    to: list[NotifyTarget] = []
+    to: list[NotifyTarget] = []  # where notifications go: Apprise URLs, each with its events
     deadman: str | None = None  # healthchecks.io-style URL: /start, pinged each iteration, /<code>
     # seconds between the switch's pings while the loop waits (paused, a usage limit): a night
     # of pause is no dead loop; set it below your check's period
     deadman_every: PositiveFloat = 60.0
     timeout: PositiveFloat = 10.0  # seconds per attempt
-    retries: NonNegativeInt = 2
+    retries: NonNegativeInt = 2  # more attempts after a failed one
 
 
 class Runbook(Model):
-    name: str | None = None
-    hosts: str = "localhost"
-    vars: dict[str, Any] = {}
-    secrets: list[str] = []
+    name: str | None = None  # the service's name in death records (a `service_name` var wins)
+    hosts: str = "localhost"  # the inventory hosts it runs for: a pattern (Ansible syntax)
+    vars: dict[str, Any] = {}  # variables: defaults, which the inventory and -e override
+    secrets: list[str] = []  # variables whose values are masked (`****`) everywhere
+    # the agent's git repository, where loop steps run and work files are; relative to the
+    # current directory
     workdir: str = "."
-    checklist: Checklist = Checklist()
-    prompt: str = ""
-    health: Health = Health()
-    diagnostics: Diagnostics = Diagnostics()
-    recovery: Recovery = Recovery()
-    metrics: Metrics | None = None
-    notify: Notify = Notify()
-    recorder: Recorder | None = None
-    limits: Limits = Limits()
-    loop: Loop
+    checklist: Checklist = Checklist()  # the task list the loop works through
+    prompt: str = ""  # the agent's prompt: a template, rendered once per iteration
+    health: Health = Health()  # how to tell the service is alive: probes, and when it is dead
+    diagnostics: Diagnostics = Diagnostics()  # what a death records: collectors, report, record
+    recovery: Recovery = Recovery()  # how the service is brought back after a death
+    metrics: Metrics | None = None  # a Prometheus textfile of the loop's state; default: none
+    notify: Notify = Notify()  # notifications and a dead man's switch
+    recorder: Recorder | None = None  # the flight recorder; default: off
+    limits: Limits = Limits()  # what an agent's usage limit ("try again at ...") does
+    loop: Loop  # the loop: its steps, run for each checklist item
     # tasks run once when a `ralph-run pause` takes effect (e.g. stop the server to free the
     # GPU); a failing one leaves the loop paused, with the failure in status (no death)
     pause: list[TaskEntry] = []

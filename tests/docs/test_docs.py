@@ -3,10 +3,12 @@ link checking, and the README stays short and self-contained."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,19 +23,61 @@ def _markdown_files() -> list[Path]:
     return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
-def test_reference_is_the_schema_commands_current_output() -> None:
+def _schema_command(*args: str) -> str:
+    """What `ralph-run schema ARGS` prints."""
     ralph_run = Path(sys.executable).parent / "ralph-run"
     command = [str(ralph_run)] if ralph_run.exists() else [sys.executable, "-m", "ralph_runner"]
-    current = subprocess.run(
-        [*command, "schema", "--markdown"],
+    return subprocess.run(
+        [*command, "schema", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
+
+
+def test_reference_is_the_schema_commands_current_output() -> None:
+    current = _schema_command("--markdown")
     written = (DOCS / "reference.md").read_text(encoding="utf-8")
     assert written == current, f"docs/reference.md is stale: regenerate it with `{REGENERATE}`"
+
+
+def _properties(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every key a JSON Schema declares, wherever it is (the root, $defs, anyOf, items...),
+    as (where, its schema)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            found += [(f"{path}.properties.{key}", prop) for key, prop in properties.items()]
+        for key, value in node.items():
+            found += _properties(value, f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _properties(value, f"{path}[{index}]")
+    return found
+
+
+def test_every_key_of_the_json_schema_has_a_description() -> None:
+    """Editors show a key's description beside it (VS Code's YAML extension reads the file
+    `ralph-run schema` writes): every key of the runbook language has one, and so every row of
+    the reference has one (issue 31, item 13)."""
+    schema = json.loads(_schema_command())
+    keys = _properties(schema)
+    assert len(keys) > 100, "the walk found too few keys to prove anything"
+    missing = [
+        where
+        for where, prop in keys
+        if not (isinstance(prop.get("description"), str) and prop["description"].strip())
+    ]
+    assert missing == [], f"keys without a description: {missing}"
+    rows = [
+        line
+        for line in (DOCS / "reference.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `")
+    ]
+    assert rows and [row for row in rows if re.search(r"\|\s*\|$", row)] == []
 
 
 def test_the_site_builds_strictly_and_offline(tmp_path: Path) -> None:
