@@ -82,6 +82,15 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         built.close()
 
 
+def windows(run: RalphRun) -> dict[str, tuple[float, float]]:
+    """Each host's loop, from its first event to its `host-done`, in the fleet's own times."""
+    first: dict[str, float] = {}
+    for event in run.events:
+        if "host" in event:
+            first.setdefault(event["host"], event["time"])
+    return {e["host"]: (first[e["host"]], e["time"]) for e in run.of("host-done")}
+
+
 def test_each_host_gets_its_loop_and_the_worst_exit_code_wins(fleet: Fleet) -> None:
     fleet.prepare(attempts=1, delay=0)
     (fleet.standins["gamma"].state_dir / "fail_starts").write_text("5\n")  # gamma cannot restart
@@ -104,6 +113,11 @@ def test_each_host_gets_its_loop_and_the_worst_exit_code_wins(fleet: Fleet) -> N
     assert rows["gamma"]["deaths"] == 1
     assert [e["host"] for e in run.of("death")] == ["beta", "gamma"]
     assert fleet.status("gamma")["status"] == "gave-up"
+    # --forks 2: alpha's and beta's loops ran at once, gamma's began only when one had ended
+    spans = windows(run)
+    assert set(spans) == {"alpha", "beta", "gamma"}, spans
+    assert max(spans["alpha"][0], spans["beta"][0]) < min(spans["alpha"][1], spans["beta"][1])
+    assert spans["gamma"][0] >= min(spans["alpha"][1], spans["beta"][1]), spans
     for standin in fleet.standins.values():
         standin.stop()
     assert processes_in(fleet.root) == []
@@ -127,7 +141,9 @@ def test_two_hosts_on_one_workdir_are_refused_at_check(fleet: Fleet) -> None:
     fleet.prepare(workdir="work/alpha")
     run = fleet.start("--check")
     assert run.wait() == 2
-    assert "resolve to the same workdir" in run.stderr and "workdir" in run.stderr
+    workdir = fleet.root / "work" / "alpha"
+    said = f"hosts 'alpha' and 'beta' resolve to the same workdir {workdir}"
+    assert said in run.stderr, run.stderr  # the first two hosts that share it, and the folder
 
 
 @pytest.mark.parametrize("forks", ["0", "-1", "many"])
