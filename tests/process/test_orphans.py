@@ -49,13 +49,26 @@ def test_a_pid_that_started_at_another_time_is_spared(tmp_path, sleeper):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "{", "7", '{"pid": 1}', '[7, null, "x", {"pid": "1"}, {"pid": 1}, {"pid": -1}]'],
-)
+    [
+        "", "{", "7", '{"pid": 1}', '[7, null, "x", {"pid": "1"}, {"pid": 1}, {"pid": -1}]',
+        # each names the sleeper, with its true start where it has one: only a whole, valid
+        # record kills (test_a_recorded_process_still_the_one_recorded_is_killed)
+        '[{"pid": PID, "started": TICKS}',  # torn: the record's closing bracket never written
+        '[{"pid": PID, "started": TICKS}, {"pid": ',  # torn in the next record
+        '{"pid": PID, "started": TICKS}',  # foreign: a record, not a list of them
+        '[{"pid": PID}]',  # no start
+        '[{"pid": PID, "started": null}]',
+        '[{"pid": PID, "started": "TICKS"}]',  # the start as text
+        '[{"pid": "PID", "started": TICKS}]',  # the pid as text
+        "[[PID, TICKS]]",
+    ],
+)  # fmt: skip
 def test_a_torn_or_foreign_record_is_ignored(tmp_path, sleeper, text):
     path = tmp_path / orphans.FILE
-    path.write_text(text)
+    path.write_text(text.replace("PID", str(sleeper.pid)).replace("TICKS", str(ticks(sleeper.pid))))
     orphans.clear(path)  # no exception, nothing killed: pid 1 never, a pid without start never
     assert sleeper.poll() is None
+    assert psutil.Process(sleeper.pid).status() != psutil.STATUS_ZOMBIE
 
 
 def test_the_record_lists_each_running_command_with_its_start_in_ticks(tmp_path):
