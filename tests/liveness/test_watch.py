@@ -19,8 +19,10 @@ from ralph_runner.liveness.health import GRACE, Health, ProbeSpec
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.process.connection import for_host
 
-# The contract (issue 9): from the agent's exit to the next step, at most 50 ms; bench/ measures
-# it. Here it is checked with a 5x margin: the test shares two cores with a whole suite.
+# What these tests assert: leaving a watch, and going from the agent's exit to the next step,
+# does not wait for a probe in flight (its timeout is 2-3 s): each is done within 250 ms, which
+# a loaded two-core machine running the whole suite keeps. How fast it is (issue 9 aimed at
+# 50 ms) is a measurement, for bench/, not a bound asserted here.
 EXIT_TO_NEXT_STEP = 0.250
 MARGIN = 0.5
 
@@ -101,11 +103,12 @@ def test_leaving_a_watch_does_not_wait_for_its_round_and_the_next_round_takes_it
         health.close()
 
 
-def test_from_the_agents_exit_to_the_next_step_at_most_50_ms_with_a_hung_probe(
+def test_the_next_step_starts_within_250_ms_of_the_agents_exit_not_after_a_hung_probe(
     tmp_path, hangs_first
 ):
-    """A real loop: the watch's probe hangs, the agent exits as soon as it is in flight; the
-    next step starts within 50 ms of the agent's exit (it used to wait for the probe)."""
+    """A real loop: the watch's probe hangs (its timeout 3 s), the agent exits as soon as it is
+    in flight; the next step starts within 250 ms of the agent's exit (it used to wait for the
+    probe's timeout)."""
     work = make_workspace(tmp_path / "work", ["one item"])
     stamp = tmp_path / "agent-exit"
     flag = tmp_path / "probe-in-flight"
