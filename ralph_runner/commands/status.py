@@ -75,14 +75,15 @@ def human_lines(status: dict[str, Any]) -> list[str]:
         f"workdir:    {status.get('workdir', '?')}",
         f"status:     {state_text}",
         f"iterations: {status.get('iteration', 0)}",
-        f"checklist:  {status.get('done', 0)} done, {status.get('todo', 0)} todo, "
-        f"{status.get('skipped', 0)} skipped",
+        _checklist(status),
         f"deaths:     {status.get('deaths', 0)}" + _last_death(status.get("last_death")),
         *_last_start(status.get("last_start")),
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
     lines.extend(_pause(status) if status["running"] else [])
+    if status.get("error"):  # why the run failed (exit 2): what its console said
+        lines.append(f"error:      {status['error']}")
     lines.extend(_agent_broken(status.get("agent_broken")))
     lines.extend(_limited(status.get("limited")))
     lines.extend(_hang_bound(status.get("hang_bound")) if status["running"] else [])
@@ -90,6 +91,15 @@ def human_lines(status: dict[str, Any]) -> list[str]:
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
     return lines
+
+
+def _checklist(status: dict[str, Any]) -> str:
+    if "done" not in status:  # the run failed before it could read the checklist
+        return "checklist:  not read"
+    return (
+        f"checklist:  {status.get('done', 0)} done, {status.get('todo', 0)} todo, "
+        f"{status.get('skipped', 0)} skipped"
+    )
 
 
 def _hang_bound(bound: Any) -> list[str]:

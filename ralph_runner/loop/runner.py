@@ -57,6 +57,7 @@ class Runner:
         # The checklist's counts for status.json and death records, read again only after
         # something that can change the file ran (a process step, a recovery, a skip).
         self._counts: checklist.Counts | None = None
+        self._last_counts: checklist.Counts | None = None  # the last read, if the file goes bad
         self._outputs: list[str] = []  # the iteration's process steps' output, for limits.py
         self._limited_since: float | None = None  # the first of the limited attempts in a row
         self.proxy: proxy.Proxy | None = None  # the agent's receipts proxy (loop.proxy), if on
@@ -110,8 +111,9 @@ class Runner:
             except Limited:
                 state.move(self.state, "limited")
                 raise
-            except FatalError:  # e.g. a template error in a step: fix the runbook, run again
+            except FatalError as exc:  # e.g. a template error in a step: fix the runbook, run again
                 state.move(self.state, "failed")
+                self.state.error = str(exc)  # status.json says why (`ralph-run status`)
                 raise
             except Interrupted:
                 self.stop.set()
@@ -156,6 +158,7 @@ class Runner:
         state.move(loaded, "running")
         loaded.agent_broken = None  # it explained the last stop; this run starts over
         loaded.limited = None
+        loaded.error = None
         return loaded
 
     def _loop(self) -> int:
@@ -559,20 +562,32 @@ class Runner:
         }
 
     def save(self, status_only: bool = False) -> None:
-        """Persist state and status; a full disk is reported, and the loop goes on."""
-        try:
-            if not status_only:
+        """Persist state and status; a full disk is reported, and the loop goes on. Each
+        warning names the file it is about (the error carries its path): the state, the
+        status, or the checklist whose counts the status could not take."""
+        if not status_only:
+            try:
                 self.store.save(self.state)
+            except FatalError as exc:
+                self.output.event("warning", message=f"state not saved: {exc}")
+        try:
             self.store.write_status(self._status())
         except FatalError as exc:
-            self.output.event("warning", message=f"state not saved: {exc}")
+            self.output.event("warning", message=f"status not saved: {exc}")
 
     def _warn(self, message: str) -> None:
         self.output.event("warning", message=message)
 
     def _status(self) -> dict[str, Any]:
-        counts = self.checklist_counts()
         st = self.state
+        counts: checklist.Counts | None
+        try:
+            counts = self._last_counts = self.checklist_counts()
+        except FatalError as exc:  # the run stops on it (or has): the status still says so
+            counts = self._last_counts
+            if st.status == "running":  # an ended run's status has the error already
+                message = f"status.json keeps the last checklist counts: {exc}"
+                self.output.event("warning", message=message)
         return {
             "status": st.status,
             "pid": st.pid,
@@ -580,13 +595,14 @@ class Runner:
             "iteration": st.iteration,
             "item": st.current_item,
             "phase": st.phase,
-            **counts.as_dict(),
+            **(counts.as_dict() if counts else {}),  # none: the checklist was never read
             "deaths": st.deaths,
             "last_death": st.last_death,
             "last_start": st.last_start,
             "agent_broken": st.agent_broken,
             "limited_until": (st.limited or {}).get("until"),
             "limited": st.limited,
+            "error": st.error,
             **pause.status_fields(self),  # paused, pause, step_started, attempts
             "hang_bound": self._hang_bound(),
             "updated": time.time(),

@@ -79,6 +79,9 @@ class State:
     # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7):
     # {item, source, line, reset_at, until}; None once the wait is over or a run starts.
     limited: dict[str, Any] | None = None
+    # Why the run failed (status "failed", exit 2): the error as the console printed it; None
+    # once a run starts. `ralph-run status` shows it.
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +137,7 @@ _VALID = {
     "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "agent_broken": lambda v: v is None or isinstance(v, dict),
     "limited": lambda v: v is None or isinstance(v, dict),
+    "error": lambda v: v is None or isinstance(v, str),
 }
 
 
