@@ -36,6 +36,7 @@ DEFAULT_CONNECT_TIMEOUT = 10
 # would print job notices into the output; without it, bash starts the background command with
 # SIGINT ignored, which does not matter because the watchdog sends TERM and KILL.
 _REMOTE_WRAPPER = """\
+while IFS= read -r -d '' pair && [ -n "$pair" ]; do export "$pair"; done
 exec 3<&0 </dev/null
 setsid "$@" 3<&- &
 command=$!
@@ -133,10 +134,11 @@ class Ssh:
         env: Mapping[str, str] | None = None,
         **options,
     ) -> execute.Result:
-        remote = remote_command(argv, cwd=cwd, env=env)
+        remote = remote_command(argv, cwd=cwd)
         return execute.run(
             self.client_argv(remote),
             hold_stdin=True,  # the remote wrapper's lifeline
+            stdin_first=environment_of(env),  # never on a command line: `ps` shows those
             display=f"{self.name}: {display}",
             **options,
         )
@@ -181,21 +183,25 @@ def reuse_options() -> tuple[str, ...]:
     )
 
 
-def remote_command(
-    argv: list[str], *, cwd: str | os.PathLike | None, env: Mapping[str, str] | None
-) -> str:
-    """The line the remote login shell runs: cd, env, then argv under the wrapper.
+def remote_command(argv: list[str], *, cwd: str | os.PathLike | None) -> str:
+    """The line the remote login shell runs: cd, then argv under the wrapper, which first
+    reads the environment from its stdin (`environment_of`).
 
     Everything is shell-quoted, so it reaches the remote program as text. `cwd` is a remote
     path, taken as given, except that a leading `~` means the remote user's home.
     """
-    words = ["exec"]
-    if env:
-        words += ["env", *(shlex.quote(f"{key}={value}") for key, value in env.items())]
-    words += ["bash", "-c", shlex.quote(_REMOTE_WRAPPER), "ralph-run"]
+    words = ["exec", "bash", "-c", shlex.quote(_REMOTE_WRAPPER), "ralph-run"]
     words += [shlex.quote(word) for word in argv]
     line = " ".join(words)
     return f"cd {_remote_path(os.fspath(cwd))} && {line}" if cwd is not None else line
+
+
+def environment_of(env: Mapping[str, str] | None) -> bytes:
+    """A task's `env:` as the remote wrapper reads it from its stdin: NUL-ended KEY=VALUE
+    pairs, then an empty one. On the ssh command line (`exec env HF_TOKEN=...`) every local
+    and remote user could read them with `ps`."""
+    pairs = [f"{key}={value}".encode() + b"\0" for key, value in (env or {}).items()]
+    return b"".join(pairs) + b"\0"
 
 
 def _remote_path(path: str) -> str:

@@ -166,6 +166,7 @@ def run(
     on_output: Callable[[str], None] | None = None,
     stdin: str | None = None,
     hold_stdin: bool = False,
+    stdin_first: bytes = b"",
     display: str | None = None,
     idle: IdleWatch | None = None,
 ) -> Result:
@@ -173,7 +174,9 @@ def run(
 
     `env` is added to ralph-run's own environment. `stdin` is fed to the command; without it the
     command reads /dev/null, or, with `hold_stdin`, a pipe that stays open until it exits (the
-    ssh connection uses that as a lifeline for the remote command). `display` is how the command
+    ssh connection uses that as a lifeline for the remote command; `stdin_first` is written to
+    that pipe first, by a thread, so that a large one never holds up the start: the remote
+    command's environment, kept off every command line). `display` is how the command
     is shown in the Result (default: argv, shell-quoted). `idle` may kill a command that
     stalled (see IdleWatch).
     """
@@ -222,6 +225,8 @@ def run(
             os.close(pipe_in)
             if lifeline is not None:
                 os.close(lifeline[0])  # the child has its own copy now
+        if lifeline is not None and stdin_first:
+            _feed(os.dup(lifeline[1]), stdin_first)
         try:
             watched = _Watched(running, pipe_out, tail)
             stopped = _wait(running, started, timeout, cancel, watched, idle)
@@ -248,6 +253,23 @@ def run(
         seconds=_since(started),
         stalled=_stall_reason(stopped) if not cancelled else None,
     )
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """Write `data` to `fd` (a copy of the lifeline's writing end) in a daemon thread, then
+    close the copy; a command that ended meanwhile (a broken pipe) simply gets no more."""
+
+    def write() -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=write, name="stdin-first", daemon=True).start()
 
 
 def shell(command: str, **kwargs) -> Result:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -184,3 +185,34 @@ def test_cancelling_an_ssh_command_kills_the_remote_command(ssh):
     remote_pids = [int(word) for word in result.output.split()]
     assert len(remote_pids) == 2
     assert wait_until(lambda: all(gone(pid) for pid in remote_pids), within=5)
+
+
+def test_an_ssh_tasks_env_is_on_no_command_line_another_user_can_read(ssh, tmp_path):
+    """Issue 29, finding 5: a task's `env:` for an ssh host went on the ssh command line
+    (`exec env HF_TOKEN=...`), which every local user reads with `ps`. Read as another user
+    (`nobody`, through `ps` itself) while the command runs: the secret is on no command line,
+    local or remote (the remote host is this machine); the remote command still gets it, and a
+    value with a newline too."""
+    secret = f"hf_{os.urandom(8).hex()}"
+    started, seen = tmp_path / "started", tmp_path / "seen"
+    tables: list[str] = []
+
+    def look() -> None:
+        if wait_until(started.exists, within=15):
+            ps = ["ps", "-ww", "-eo", "args"]  # -ww: whole lines, not 80 columns
+            table = subprocess.run(ps, user="nobody", capture_output=True, text=True, check=True)
+            tables.append(table.stdout)
+        seen.touch()
+
+    looker = threading.Thread(target=look, daemon=True)
+    looker.start()
+    result = ssh.shell(
+        f'touch {started}; while [ ! -e {seen} ]; do sleep 0.05; done; printf "%s|" "$T" "$N"',
+        env={"T": secret, "N": "two\nlines"},
+        timeout=30,
+    )
+    looker.join(5)
+
+    assert result.ok and result.output == f"{secret}|two\nlines|", result
+    assert tables and "while [ ! -e" in tables[0], "ps did not show the running command"
+    assert secret not in tables[0]
