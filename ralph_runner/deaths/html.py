@@ -32,6 +32,8 @@ OUTCOME_COLOURS = {
     "strike": "#ff7f0e",
     "skipped": "#d62728",
     "death": "#6a3d9a",
+    "limited": "#e6ab02",  # a usage limit waited out: no strike
+    "paused": "#66c2a5",  # `pause --now` ended the iteration: no outcome counted
     "gave-up": "#000000",
     "interrupted": "#7f7f7f",
     "failed": "#7f7f7f",
@@ -43,6 +45,7 @@ PALETTE = [
 ]
 WIDTH = 1100
 ITEM_CHARS = 60  # of an item's text in the timeline's hover
+LEGEND_CHARS = 70  # of a signature in a chart's legend
 
 
 def write(data: stats.Data, output: Path) -> dict[str, Any]:
@@ -58,15 +61,14 @@ def render(data: stats.Data, answers: dict[str, Any]) -> str:
     from bokeh.embed import components
     from bokeh.resources import Resources
 
-    signature_colour = {
-        row["signature"]: PALETTE[i % len(PALETTE)] if i < len(PALETTE) else "#999999"
-        for i, row in enumerate(answers["by_signature"])
-    }
+    signature_colour = signature_colours(answers)
     charts = {
         "timeline": timeline(data, signature_colour),
         "signatures": signatures_chart(answers["by_signature"], signature_colour),
         "prompt": prompt_chart(answers["prompt_size"]),
-        **{f"metric {n}": fig for n, fig in enumerate(metric_charts(data.deaths))},
+        **{
+            f"metric {n}": fig for n, fig in enumerate(metric_charts(data.deaths, signature_colour))
+        },
     }
     charts = {name: chart for name, chart in charts.items() if chart is not None}
     script, made = components(charts) if charts else ("", {})
@@ -91,6 +93,15 @@ def render(data: stats.Data, answers: dict[str, Any]) -> str:
         excerpts=excerpts(data.deaths),
         generated=datetime.now().astimezone().isoformat(timespec="seconds"),
     )
+
+
+def signature_colours(answers: dict[str, Any]) -> dict[str, str]:
+    """Each signature's colour, the most frequent first: the signature table's swatches and
+    every chart's marks and lines (one colour per signature, never per death)."""
+    return {
+        row["signature"]: PALETTE[i] if i < len(PALETTE) else "#999999"
+        for i, row in enumerate(answers["by_signature"])
+    }
 
 
 def _pct(value: float | None) -> str:
@@ -158,6 +169,7 @@ def timeline(data: stats.Data, colour: dict[str, str]):
             "host": [r["host"] for r in rows],
             "recovery": [deaths_text.recovery_of(r) for r in rows],
             "colour": [colour.get(r["signature"], "#999999") for r in rows],
+            "legend": [f"✕ {shorten(r['signature'], LEGEND_CHARS)}" for r in rows],
         }
     )
     prompt = figure(
@@ -196,6 +208,7 @@ def timeline(data: stats.Data, colour: dict[str, str]):
         size=12,
         line_width=2,
         color="colour",
+        legend_field="legend",  # the signature's colour, as in the signature table
     )
     prompt.add_tools(
         HoverTool(
@@ -349,8 +362,9 @@ def sample_values(sample: dict[str, Any]) -> dict[str, float]:
     return values
 
 
-def metric_charts(deaths: list[stats.Death]) -> list[Any]:
-    """One chart per recorder metric: each death's samples, 0 = the moment of death."""
+def metric_charts(deaths: list[stats.Death], colour: dict[str, str]) -> list[Any]:
+    """One chart per recorder metric: each death's samples, 0 = the moment of death, in its
+    signature's colour (the signature table's), with a legend of the signatures."""
     import numpy as np
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
@@ -363,7 +377,8 @@ def metric_charts(deaths: list[stats.Death]) -> list[Any]:
                 "ys": [np.array(ys, dtype=np.float32) for _, _, ys in lines],
                 "death": [str(d.number) for d, _, _ in lines],
                 "signature": [d.signature for d, _, _ in lines],
-                "colour": [PALETTE[i % len(PALETTE)] for i in range(len(lines))],
+                "colour": [colour.get(d.signature, "#999999") for d, _, _ in lines],
+                "legend": [shorten(d.signature, LEGEND_CHARS) for d, _, _ in lines],
             }
         )
         chart = figure(
@@ -374,7 +389,18 @@ def metric_charts(deaths: list[stats.Death]) -> list[Any]:
             tools="pan,wheel_zoom,box_zoom,reset,save",
             tooltips=[("death", "#@death"), ("signature", "@signature"), ("value", "$y")],
         )
-        chart.multi_line("xs", "ys", source=source, color="colour", line_width=1.5, alpha=0.7)
+        chart.multi_line(
+            "xs",
+            "ys",
+            source=source,
+            color="colour",
+            line_width=1.5,
+            alpha=0.7,
+            legend_field="legend",
+        )
+        chart.legend.location = "top_left"
+        chart.legend.label_text_font_size = "9px"
+        chart.legend.click_policy = "hide"
         charts.append(chart)
     return charts
 

@@ -400,6 +400,7 @@ def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dic
             "few": bool(ran) and runs[k] < MIN_BUCKET,
         }
         for k in range(count)
+        if runs[k] or dead[k]  # an empty bucket says nothing: not listed
     ]
     if not ran:
         result["too_little"] = "no iteration history: deaths per bucket only, no rate"
