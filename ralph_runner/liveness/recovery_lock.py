@@ -139,7 +139,10 @@ def _take(fd: int, wait: float, cancel: threading.Event) -> Waited | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
-            holder = _holder(fd) or holder
+            # Who held it when we came (read again only while its record was being written):
+            # a loop that takes it after that holder, only to find the service back, did not
+            # bring it back (it named one of the waiters as who did: tests/liveness/test_blame).
+            holder = holder or _holder(fd)
     # Past the wait (or cancelled) we go on without the lock: the holder hangs or is slow.
     return Waited(holder, time.monotonic() - started)
 

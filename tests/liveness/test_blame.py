@@ -113,8 +113,11 @@ def test_a_server_restarted_between_two_checks_is_a_death_not_a_strike(scenario)
     assert_no_strikes(scenario, run)
 
 
+SLOW_START = 5  # s: the recovery's start waits this long before it starts the server
+
+
 def test_three_loops_and_one_hang_recover_the_server_once(tmp_path):
-    """Three repos, one server, a slow start (3 s): each loop records the death it suffered,
+    """Three repos, one server, a slow start (5 s): each loop records the death it suffered,
     one runs the recovery, the other two wait for it and say who brought it back."""
     server = StandIn(tmp_path / "vllm")
     server.start(HEALTH_TIMEOUT="1")
@@ -131,19 +134,27 @@ def _three_loops(tmp_path: Path, server: StandIn) -> None:
         "standin_start": str(START_SCRIPT),
         "python": sys.executable,
     }
-    book = runbook(
-        engine_probe=True,
-        agent_sleep="2 if iteration == 1 else 0.1",
-        agent_timeout=120,
-        healthy_within=20,
-    )
-    (start,) = book["recovery"]["steps"]
-    start["shell"] = "sleep 3 && " + start["shell"]  # a slow start: overlapping ones would show
-    path = tmp_path / "runbook.yaml"
-    path.write_text(yaml.safe_dump(book, sort_keys=False))
     works = [make_workspace(tmp_path / f"work{n}", ITEMS) for n in range(3)]
-    command = [sys.executable, "-m", "ralph_runner", str(path), "--json", "-e", json.dumps(facts)]
-    runs = [RalphRun(command, work) for work in works]
+    runs = []
+    for n, work in enumerate(works):
+        book = runbook(
+            engine_probe=True,
+            agent_sleep="2 if iteration == 1 else 0.1",
+            agent_timeout=120,
+            healthy_within=20,
+        )
+        (start,) = book["recovery"]["steps"]
+        # a slow start: overlapping ones would show
+        start["shell"] = f"sleep {SLOW_START} && " + start["shell"]
+        # work0 calls the hang after 3 s, the others 3 s later, while its recovery holds the
+        # lock (its slow start alone lasts 5 s): the others' deaths are found during it
+        probe = book["health"]["probes"][0]
+        assert probe["name"] == "engine progress", probe
+        probe["progress"] = {**probe["progress"], "stall_after": 3 if n == 0 else 6}
+        path = tmp_path / f"runbook{n}.yaml"
+        path.write_text(yaml.safe_dump(book, sort_keys=False))
+        command = [sys.executable, "-m", "ralph_runner", str(path), "--json"]
+        runs.append(RalphRun([*command, "-e", json.dumps(facts)], work))
     for run in runs:
         run.wait_agent(1)
     starts = server.starts
@@ -162,16 +173,23 @@ def _three_loops(tmp_path: Path, server: StandIn) -> None:
     ran = [r for r in recoveries if r["attempts"] >= 1]
     waited = [r for r in recoveries if r["attempts"] == 0]
     assert len(ran) == 1 and len(waited) == 2, recoveries
-    assert all(r["recovered"] and "the loop of pid" in r["by"] for r in waited), waited
     assert all(Path(work, "CHECKLIST.md").read_text().count("- [x]") == 2 for work in works)
-    # A death found while another loop's recovery was under way names that loop's record.
-    (holder,) = [work for work, r in zip(works, recoveries, strict=True) if r["attempts"] >= 1]
-    for work in works:
+    # The two that waited say who brought it back: the loop that ran the recovery, by its pid.
+    ((holder, holder_run),) = [
+        (work, run) for work, run, r in zip(works, runs, recoveries, strict=True) if r["attempts"]
+    ]
+    by = f"the loop of pid {holder_run.process.pid} in {holder}"
+    assert [(r["recovered"], r["by"]) for r in waited] == [(True, by)] * 2, waited
+    # work0 called the hang first and recovered; the others' deaths, found while its recovery
+    # was under way, each name that loop's record, and the holder's own names none.
+    assert holder == works[0], (holder, recoveries)
+    for n, work in enumerate(works):
         death = json.loads((work / "logs" / "deaths.jsonl").read_text().splitlines()[0])
-        if "during_recovery" in death:
-            during = death["during_recovery"]
-            assert Path(during["records"]) == holder / "logs" / "deaths.jsonl", during
-            assert during["death"] == 1 and str(holder) in during["by"], during
+        if n == 0:
+            assert "during_recovery" not in death, death
+            continue
+        during = death.get("during_recovery")
+        assert during == {"by": by, "records": str(holder / "logs" / "deaths.jsonl"), "death": 1}
 
 
 def test_a_recovery_under_way_is_seen_with_its_holder(tmp_path, monkeypatch):
