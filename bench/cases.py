@@ -452,9 +452,13 @@ def check(bench: Bench) -> list[Row]:
         str(ANSIBLE / "ralph-loop.yml"),
     ]
 
+    # --check refuses a workdir the run would refuse (no checklist, no git repository for
+    # verify): it runs where a loop would, in a workspace
+    work = workspace(bench.fresh("check"), 1)
+
     def ours(rep: int) -> None:
         row.ours.append(
-            require(run_timed(ours_argv, cwd=bench.scratch, env=env, limit=60), "--check").seconds
+            require(run_timed(ours_argv, cwd=work, env=env, limit=60), "--check").seconds
         )
 
     def ansible(rep: int) -> None:

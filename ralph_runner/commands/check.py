@@ -1,8 +1,10 @@
 """`ralph-run RUNBOOK --check`: validate everything, print the rendered plan, run nothing.
 
-Nothing is spawned and nothing is written: tasks are rendered through their action's
-`describe`, probes and collectors are rendered, the prompt is shown as written (it may use
-`lookup('pipe', ...)`, which would run a command).
+Nothing of the runbook runs and nothing is written: tasks are rendered through their action's
+`describe`, probes and collectors are rendered, the prompt is rendered with the first item (pipe
+lookups not run) and shown as written. What the run checks of its workdir before its first
+iteration is checked here too (runbook/preflight.py: the workdir, the checklist, a git
+repository for `verify`, for which git is asked read-only).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ralph_runner.fleet import run as fleet
 from ralph_runner.liveness import recovery
 from ralph_runner.liveness.health import probe_specs
 from ralph_runner.loop import proxy
-from ralph_runner.runbook import loader, plan, tasks
+from ralph_runner.runbook import loader, plan, preflight, tasks
 from ralph_runner.workspace import checklist
 
 PROMPT_PLACEHOLDER = "<the prompt, rendered each iteration>"
@@ -46,8 +48,18 @@ def main(args: argparse.Namespace) -> int:
 def _render(p: plan.Plan) -> dict[str, Any]:
     model = p.model
     redactor = Redactor(p.secret_values())
-    variables = _iteration_vars(p)
     problems: list[FatalError] = []
+    try:  # what would stop the run at once: the workdir, its checklist, its repository
+        found = preflight.problems(p)
+    except FatalError as exc:  # a template error in checklist.path
+        found = exc.problems
+    if found:
+        problems.append(FatalError(found))
+    try:
+        variables = _iteration_vars(p)
+    except FatalError as exc:  # a checklist that cannot be read: the run fails on it too
+        problems.append(exc)
+        variables = _iteration_vars(p, read=False)
 
     registered = dict.fromkeys(_registered(p))
 
@@ -122,7 +134,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     except FatalError as exc:
         problems.append(exc)
     try:
-        _require_known(p, p.model.prompt, variables, p.runbook.where(("prompt",)))
+        _check_prompt(p, variables)
     except FatalError as exc:
         problems.append(exc)
     if problems:
@@ -191,10 +203,19 @@ def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Proble
         raise FatalError(replace(where, message=message))
 
 
-def _iteration_vars(p: plan.Plan) -> dict[str, Any]:
+def _check_prompt(p: plan.Plan, variables: dict[str, Any]) -> None:
+    """The prompt rendered as the first iteration renders it, with its item (or a sample
+    one): `{{ item.txt }}` fails here, at the prompt's line, as it would fail the run. Pipe
+    lookups are not run (the templar's check mode); the plan shows the prompt as written."""
+    where = p.runbook.where(("prompt",))
+    _require_known(p, p.model.prompt, variables, where)
+    p.templar.render(p.model.prompt, variables, where=where)
+
+
+def _iteration_vars(p: plan.Plan, read: bool = True) -> dict[str, Any]:
     """Per-iteration variables as the first iteration would see them (read-only)."""
     path = p.path(("checklist", "path"), p.model.checklist.path)
-    text = checklist.read(path) if checklist.present(path) else ""
+    text = checklist.read(path) if read and checklist.present(path) else ""
     item = checklist.next_todo(text)
     item_vars = (
         {"text": item.text, "line": item.line, "index": item.index, "attempts": 0}

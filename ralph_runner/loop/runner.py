@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
 from typing import Any
 
 from ralph_runner.actions import KINDS, UNWATCHED, TaskResult
@@ -23,7 +22,7 @@ from ralph_runner.loop import failures, housekeeping, idle, limits, pause, proxy
 from ralph_runner.loop.failures import Failure
 from ralph_runner.output import Output
 from ralph_runner.process import execute, orphans, output_text
-from ralph_runner.runbook import tasks
+from ralph_runner.runbook import preflight, tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
 from ralph_runner.workspace import checklist, git
@@ -130,18 +129,10 @@ class Runner:
 
     def _preflight(self) -> None:
         """What would only fail at the first iteration fails now, at its line in the runbook."""
-        if not checklist.present(self.checklist_path):
-            where = self.plan.runbook.where(("checklist", "path"))
-            raise FatalError(replace(where, message=f"no checklist at {self.checklist_path}"))
-        committing = [
-            spec
-            for spec in self.plan.runbook.loop_steps
-            if spec.kind == "verify" and (spec.params is None or spec.params.committed)
-        ]
+        found = preflight.problems(self.plan)  # --check finds the same (commands/check.py)
+        if found:
+            raise FatalError(found)
         self.in_repo = git.is_repo(self.plan.workdir)
-        if committing and not self.in_repo:
-            message = f"verify needs a commit, but {self.plan.workdir} is no git repository"
-            raise FatalError(replace(committing[0].where, message=message))
 
     def _resume(self) -> state.State:
         loaded = self.store.load()

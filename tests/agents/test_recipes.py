@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_helpers import RECIPES, agent_steps
+from e2e_helpers import make_workspace
 from standin_helpers import ROOT, python_env
 
 EXPECTED = {  # what each rendered step must say (README, "Agents")
@@ -24,11 +25,12 @@ EXPECTED = {  # what each rendered step must say (README, "Agents")
 
 
 def check(runbook: dict, tmp_path: Path) -> str:
+    """--check from a workdir the run would accept: a git repository with its CHECKLIST.md."""
     path = tmp_path / "runbook.yaml"
     path.write_text(yaml.safe_dump(runbook, sort_keys=False))
     done = subprocess.run(
         [sys.executable, "-m", "ralph_runner", str(path), "--check"],
-        cwd=tmp_path,
+        cwd=make_workspace(tmp_path / "work", ["an item"]),
         env=python_env(),
         capture_output=True,
         text=True,

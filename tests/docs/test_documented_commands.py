@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e_helpers import make_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,22 @@ def commands() -> list[tuple[str, str]]:
     return found
 
 
+def host_workdirs() -> list[str]:
+    """The `ralph_workdir` of every host of the shipped inventory.yaml."""
+    found: list[str] = []
+
+    def walk(group: dict) -> None:
+        for variables in (group.get("hosts") or {}).values():
+            if (variables or {}).get("ralph_workdir"):
+                found.append(variables["ralph_workdir"])
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+
+    for group in yaml.safe_load((ROOT / "inventory.yaml").read_text(encoding="utf-8")).values():
+        walk(group or {})
+    return sorted(set(found))
+
+
 def test_the_docs_show_run_commands() -> None:
     wheres = {where.split(":")[0] for where, _ in commands()}
     assert "runbooks/vllm-local.yaml" in wheres and "runbooks/vllm.yaml" in wheres, wheres
@@ -59,6 +76,9 @@ def test_a_documented_command_is_accepted_as_written(
     repo = make_workspace(tmp_path / "repo", ["an item"])
     for name in ("runbooks", "collectors", "inventory.yaml"):  # as in a clone: runbooks/...
         (repo / name).symlink_to(ROOT / name)
+    if "inventory.yaml" in command:  # each host's loop lives in its own workdir (docs: fleet),
+        for workdir in host_workdirs():  # a git repository with its checklist, as --check needs
+            make_workspace(repo / workdir, ["an item"])
     checked = command if "--check" in command else f"{command} --check"
     env = {
         **os.environ,

@@ -59,6 +59,13 @@ def close_masters(control_dir: Path) -> None:
         )
 
 
+def agent_repo(workdir: Path) -> None:
+    """What the operator puts in the workdir the role made: the agent's git repository with its
+    CHECKLIST.md (--check refuses a workdir without them, as the run does)."""
+    (workdir / "CHECKLIST.md").write_text("- [ ] an item\n")
+    subprocess.run(["git", "init", "-q", str(workdir)], check=True)
+
+
 def test_the_playbook_installs_every_loop_and_a_second_run_changes_nothing(tmp_path: Path):
     try:
         _installs_and_changes_nothing(tmp_path)
@@ -119,6 +126,7 @@ def _installs_and_changes_nothing(tmp_path: Path) -> None:
             assert "RestartPreventExitStatus=2 4 6" in text and "SuccessExitStatus=5" in text
             exec_start = re.search(r"^ExecStart=(.*)$", text, re.MULTILINE)[1].split()
             assert exec_start[0] == str(home / "venv" / "bin" / "ralph-run")
+            agent_repo(tmp_path / name / "repo")
             check = subprocess.run(
                 [*exec_start, "--check"],
                 cwd=tmp_path / name / "repo",

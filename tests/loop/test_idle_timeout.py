@@ -9,6 +9,7 @@ the stand-in server.
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import threading
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario
+from e2e_helpers import AGENT_STEP, Scenario, make_workspace
 from standin_helpers import process_gone, wait_for
 
 from ralph_runner import cli
@@ -172,11 +173,14 @@ loop:
 
 
 def check(tmp_path: Path, capsys, **extra: str) -> tuple[int, str]:
+    """--check from a workdir the run would accept (a git repository with its CHECKLIST.md)."""
     keys = {"collector": "", "agent": "", "verify": "", **extra}
     path = tmp_path / "runbook.yaml"
     path.write_text(textwrap.dedent(RUNBOOK.format(**keys)))
-    (tmp_path / "CHECKLIST.md").write_text("- [ ] one\n")
-    with pytest.raises(SystemExit) as exit_info:
+    work = tmp_path / "work"
+    if not work.exists():
+        make_workspace(work, ["one"])
+    with contextlib.chdir(work), pytest.raises(SystemExit) as exit_info:
         cli.main([str(path), "--check"])
     captured = capsys.readouterr()
     return int(exit_info.value.code or 0), captured.out + captured.err
@@ -208,7 +212,7 @@ def test_idle_timeout_must_be_positive(tmp_path: Path, capsys) -> None:
     assert code == 0, out
     path = tmp_path / "runbook.yaml"
     path.write_text(path.read_text().replace("idle_timeout: 120", "idle_timeout: 0"))
-    with pytest.raises(SystemExit) as exit_info:
+    with contextlib.chdir(tmp_path / "work"), pytest.raises(SystemExit) as exit_info:
         cli.main([str(path), "--check"])
     assert exit_info.value.code == 2
     assert "greater than 0" in capsys.readouterr().err

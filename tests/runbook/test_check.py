@@ -6,21 +6,35 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import make_workspace
 from standin_helpers import ROOT
 
 RALPH = [sys.executable, "-m", "ralph_runner"]
 
 
+def workspace(tmp_path: Path) -> Path:
+    """A workdir a run accepts (a git repository with its CHECKLIST.md): --check refuses one
+    without them, as the run does."""
+    return make_workspace(tmp_path / "work", ["an item"])
+
+
+def files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*"))
+
+
 def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
+    work = workspace(tmp_path)
+    before = files(tmp_path)
     done = subprocess.run(
         [*RALPH, str(ROOT / "runbooks/vllm.yaml"), "--check"],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=tmp_path,
+        cwd=work,
     )
     assert done.returncode == 0, done.stderr
     plan = yaml.safe_load(done.stdout)
@@ -46,7 +60,7 @@ def test_vllm_runbook_check_keeps_go_template_braces(tmp_path):
     }
     assert probes["http"]["http"]["url"] == "http://127.0.0.1:8000/v1/models"
     assert probes["progress"]["progress"]["metrics"] == "http://127.0.0.1:8000/metrics"
-    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert files(tmp_path) == before  # nothing written
 
 
 @pytest.mark.parametrize(
@@ -78,7 +92,11 @@ def test_check_prints_the_hang_bound_as_a_rule_and_its_detection_bound(
         )
     )
     done = subprocess.run(
-        [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
+        [*RALPH, str(runbook), "--check", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workspace(tmp_path),
     )
     assert done.returncode == 0, done.stderr
     (plan,) = json.loads(done.stdout)
@@ -142,7 +160,11 @@ def test_the_shipped_pause_examples_render(tmp_path, name):
     runbook = tmp_path / name
     runbook.write_text(uncommented_pause_blocks(name))
     done = subprocess.run(
-        [*RALPH, str(runbook), "--check", "--json"], capture_output=True, text=True, timeout=60
+        [*RALPH, str(runbook), "--check", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workspace(tmp_path),
     )
     assert done.returncode == 0, done.stderr
     (plan,) = json.loads(done.stdout)
@@ -157,6 +179,88 @@ def test_check_fails_on_an_unknown_name_in_a_pause_step(tmp_path):
     text = uncommented_pause_blocks("vllm.yaml")
     runbook = tmp_path / "vllm.yaml"
     runbook.write_text(text.replace("docker stop -t 30 {{ container }}", "stop {{ contaner }}"))
-    done = subprocess.run([*RALPH, str(runbook), "--check"], capture_output=True, text=True)
+    done = subprocess.run(
+        [*RALPH, str(runbook), "--check"], capture_output=True, text=True, cwd=workspace(tmp_path)
+    )
     assert done.returncode == 2
     assert "contaner" in done.stderr and "pause" in done.stderr, done.stderr
+
+
+def _no_workdir(tmp_path: Path) -> Path:
+    return tmp_path  # `workdir: nothere` below names a directory that is not there
+
+
+def _no_checklist(tmp_path: Path) -> Path:
+    work = workspace(tmp_path)
+    (work / "CHECKLIST.md").unlink()
+    return work
+
+
+def _no_repository(tmp_path: Path) -> Path:
+    work = tmp_path / "plain"
+    work.mkdir()
+    (work / "CHECKLIST.md").write_text("- [ ] an item\n")
+    return work
+
+
+# What once passed --check and then failed the run at once (issue 31, item 3): the workdir, its
+# checklist, its git repository for verify, a typo in the prompt's item. (setup, runbook's
+# changes, where the error must point, a phrase of it)
+AT_ONCE = {
+    "no workdir": (
+        _no_workdir,
+        {"workdir": "nothere"},
+        "2:1: workdir: the workdir",
+        "nothere does not exist",
+    ),
+    "no checklist": (
+        _no_checklist,
+        {"checklist": {"path": "TODO.md"}},
+        "4:3: checklist.path: no checklist at",
+        "TODO.md; create it",
+    ),
+    "no git repository": (
+        _no_repository,
+        {},
+        "9:5: loop.steps[1].verify: verify needs a commit",
+        "is no git repository",
+    ),
+    "a typo in the prompt": (
+        workspace,
+        {"prompt": "Do {{ item.txt }}"},
+        "5:1: prompt: undefined attribute 'txt'",
+        "did you mean 'text'?",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AT_ONCE))
+def test_check_refuses_what_the_run_refuses_at_once(tmp_path, case):
+    """--check fails (exit 2) where the run would fail before its first step, with the same
+    message at the same file, line, column and key; and it still writes nothing."""
+    setup, changes, where, phrase = AT_ONCE[case]
+    work = setup(tmp_path)
+    book = {  # `workdir:` on line 2: an error that fell back to line 1 would show
+        "name": "at once",
+        "workdir": ".",
+        "checklist": {"path": "CHECKLIST.md"},
+        "prompt": "Do {{ item.text }}",
+        "loop": {"steps": [{"shell": f"touch {tmp_path}/RAN"}, {"verify": {}}]},
+    }
+    runbook = tmp_path / "runbook.yaml"
+    runbook.write_text(yaml.safe_dump({**book, **changes}, sort_keys=False))
+    before = files(tmp_path)
+    checked = subprocess.run(
+        [*RALPH, str(runbook), "--check"], capture_output=True, text=True, timeout=60, cwd=work
+    )
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert f"{runbook}:{where}" in checked.stderr and phrase in checked.stderr, checked.stderr
+    assert "Traceback" not in checked.stderr
+    assert files(tmp_path) == before  # --check wrote nothing
+    ran = subprocess.run(
+        [*RALPH, str(runbook)], capture_output=True, text=True, timeout=60, cwd=work
+    )
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    error = [line for line in checked.stderr.splitlines() if where in line]
+    assert error and error[0] in ran.stderr, (checked.stderr, ran.stderr)  # the run's own words
+    assert not (tmp_path / "RAN").exists()

@@ -163,7 +163,10 @@ CRASHES = {
     "var renders to a function": ('vars: {f: "{{ range }}"}\n' + LOOP, None),
     "unknown tag": ("name: !python/object x\n" + LOOP, "could not determine a constructor"),
     "binary and timestamp values": ("vars: {b: !!binary aGk=, t: 2001-01-01}\n" + LOOP, None),
-    "checklist name too long": (f"checklist: {{path: {'C' * 300}.md}}\n" + LOOP, None),
+    "checklist name too long": (  # no such checklist (the run refuses it too), no traceback
+        f"checklist: {{path: {'C' * 300}.md}}\n" + LOOP,
+        "checklist.path: no checklist at",
+    ),
     "metrics directory name too long": (
         f"metrics: {{textfile: {'d' * 300}/x.prom}}\n" + LOOP,
         "no such directory for the metrics textfile",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from e2e_helpers import make_workspace
 
 from ralph_runner import cli
 
@@ -29,13 +31,15 @@ loop:
 
 
 def run_cli(tmp_path: Path, runbook: str, *args: str, files: dict[str, str] | None = None):
+    """`ralph-run RUNBOOK --check ARGS` from a workdir a run would accept (a git repository with
+    its CHECKLIST.md: --check fails without them, as the run does), the runbook beside it."""
     path = tmp_path / "runbook.yaml"
     path.write_text(textwrap.dedent(runbook))
     for name, text in (files or {}).items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(textwrap.dedent(text))
-    (tmp_path / "CHECKLIST.md").write_text("- [ ] one\n")
-    with pytest.raises(SystemExit) as exit_info:
+    work = make_workspace(tmp_path / "work", ["one"])
+    with contextlib.chdir(work), pytest.raises(SystemExit) as exit_info:
         cli.main([str(path), "--check", *args])
     return exit_info.value.code, path
 
