@@ -3,6 +3,7 @@ man's switch, each through a real loop on the stand-in, real Apprise, loopback H
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -30,6 +31,7 @@ class Receiver:
 
     def __init__(self, hang: bool = False) -> None:
         self.requests: list[tuple[str, Any]] = []
+        self.times: list[float] = []  # time.monotonic() of each request, in their order
         self.release = threading.Event()
         receiver = self
 
@@ -44,6 +46,7 @@ class Receiver:
 
             def _record(self, body: Any) -> None:
                 receiver.requests.append((self.path, body))
+                receiver.times.append(time.monotonic())
                 if hang:
                     receiver.release.wait(60)
                     return
@@ -167,11 +170,13 @@ def test_notifications_and_the_dead_mans_switch_reach_their_receivers(
 def test_the_switch_is_kept_alive_while_the_loop_is_paused(
     scenario: Scenario, receivers: list[Receiver]
 ) -> None:
-    """No iteration ends during a pause: the switch still hears from the loop, every
-    `deadman_every` s, and stops hearing once it is no longer paused but working."""
+    """No iteration ends during a pause: the switch still hears from the loop, a ping about
+    every `deadman_every` s (not faster), and once it is working again no more than one per
+    iteration."""
     switch = Receiver()
     receivers.append(switch)
-    notify = {"deadman": f"http://127.0.0.1:{switch.port}/ping", "deadman_every": 0.3}
+    every = 0.3
+    notify = {"deadman": f"http://127.0.0.1:{switch.port}/ping", "deadman_every": every}
     prepare(scenario, notify=notify)
     run = scenario.start()
     run.wait_agent(1)
@@ -179,10 +184,20 @@ def test_the_switch_is_kept_alive_while_the_loop_is_paused(
     run.wait_event("paused")
     at_pause = switch.paths().count("/ping")
     wait_for(lambda: switch.paths().count("/ping") >= at_pause + 3, 10, "pings while paused")
+    released = len(switch.requests)
     assert pause.release(scenario.workspace)
     assert run.wait() == 0, run.stderr
     paths = switch.paths()
     assert paths[0] == "/ping/start" and paths[-1] == "/ping/0", paths
+    pings = [
+        t for (path, _), t in zip(switch.requests[:released], switch.times, strict=False)
+        if path == "/ping"
+    ]  # fmt: skip
+    paused = pings[at_pause:]  # the keep-alive pings of the pause (by then at least 3)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(paused)]
+    assert gaps and min(gaps) >= every * 0.8, gaps  # a ping per `deadman_every`, no flood
+    # working again: only the iterations' pings (one each, at most one per item), no keep-alive
+    assert paths[released:].count("/ping") <= len(ITEMS), paths[released:]
 
 
 def test_a_receiver_that_never_answers_never_delays_the_loop(
