@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ralph_runner.commands import status
 from ralph_runner.errors import ExitCode
@@ -34,13 +35,12 @@ def control_main(args: argparse.Namespace, action: str) -> int:
                 print(f"{row['host']}: {row['workdir']}: {said}")
         return ExitCode.PARTIAL if any("error" in row for row in rows) else 0
     workdir = status.workdir_of(args.target or ".")
+    found = state.Store(workdir).read_status() or {} if workdir.is_dir() else {}
+    running = bool(found.get("running")) and status.pid_alive(found.get("pid"))
     if action == "pause":
-        pause.request(workdir, now)
-        said = "pause asked for"
+        said = _pause(workdir, now, running, bool(found.get("paused")))
     else:
         said = "resumed" if pause.release(workdir) else "not paused"
-    found = state.Store(workdir).read_status() or {}
-    running = bool(found.get("running")) and status.pid_alive(found.get("pid"))
     if args.json:
         print(json.dumps({"workdir": str(workdir), "said": said, "running": running}))
         return 0
@@ -48,11 +48,30 @@ def control_main(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
+def _pause(workdir: Path, now: bool, running: bool, paused: bool) -> str:
+    """Write the request, unless one is there already (kept: its time and author; a `--now`
+    replaces a plain one, to stop the step in hand)."""
+    wanted = pause.read(pause.control_path(workdir)) if workdir.is_dir() else None
+    if wanted is None or (now and not wanted.get("now")):
+        pause.request(workdir, now)  # a missing workdir: "no such workdir", exit 2
+        return "pause asked for"
+    return "already paused" if paused or not running else "pause already asked for"
+
+
 def _meaning(action: str, said: str, now: bool, running: bool) -> str:
     if action == "resume":
         if said == "not paused":
             return "no pause was asked for"
         return "the loop goes on within a second" if running else "no loop runs there now"
+    if said == "already paused":
+        if running:
+            return "the loop waits; `ralph-run resume` lets it go on"
+        return (
+            "the loop is not running: the next run waits before its first iteration; "
+            "`ralph-run resume` clears it"
+        )
+    if said == "pause already asked for":
+        return "the loop waits after the iteration in hand; `ralph-run resume` lets it go on"
     if not running:
         return "no loop runs there now: the next run waits before its first iteration"
     if now:

@@ -18,7 +18,7 @@ import psutil
 
 from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
-from ralph_runner.loop import state
+from ralph_runner.loop import pause, state
 from ralph_runner.runbook import plan
 from ralph_runner.workspace.state_files import STATE_DIR
 
@@ -35,6 +35,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return ExitCode.PARTIAL
     status["running"] = bool(status.get("running")) and pid_alive(status.get("pid"))
+    # a pause left on a loop that is not running: the next run waits before its first iteration
+    status["pause_left"] = not status["running"] and pause.control_path(workdir).exists()
     if args.json:
         print(json.dumps(status, ensure_ascii=False, sort_keys=True))
     else:
@@ -81,7 +83,7 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
-    lines.extend(_pause(status) if status["running"] else [])
+    lines.extend(_pause(status) if status["running"] else _pause_left(status))
     if status.get("error"):  # why the run failed (exit 2): what its console said
         lines.append(f"error:      {status['error']}")
     lines.extend(_agent_broken(status.get("agent_broken")))
@@ -123,6 +125,16 @@ def _pause(status: dict[str, Any]) -> list[str]:
         return [f"pause:      resuming{_block(pause, 'resume')}"]
     when = "stopping the step now" if pause.get("now") else "after the iteration in hand"
     return [f"pause:      pausing {when}"]
+
+
+def _pause_left(status: dict[str, Any]) -> list[str]:
+    """`.ralph/pause` left behind by a loop that ended (or was stopped) while paused."""
+    if not status.get("pause_left"):
+        return []
+    return [
+        "pause:      paused (the loop is not running): the next run waits before its first "
+        "iteration; `ralph-run resume` clears it"
+    ]
 
 
 def _block(pause: dict[str, Any], which: str) -> str:

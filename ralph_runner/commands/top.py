@@ -42,7 +42,7 @@ from rich.text import Text
 from ralph_runner import crash
 from ralph_runner.commands import status
 from ralph_runner.commands import top_view as view
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause
@@ -102,6 +102,9 @@ def loops_of(args: argparse.Namespace) -> list[Loop]:
     """The loops to watch: workdirs here, or every host's of an inventory."""
     if not args.inventory:
         workdirs = [status.workdir_of(t) for t in args.targets or ["."]]
+        for target, place in zip(args.targets or ["."], workdirs, strict=True):
+            if not place.is_dir():  # a typo is no loop that "never ran here" (exit 2)
+                raise FatalError(Problem("no such workdir", target))
         return [Loop("localhost", str(w), None, w.name or str(w)) for w in workdirs]
     if len(args.targets) > 1:
         raise FatalError("with -i, give at most one runbook or directory template")

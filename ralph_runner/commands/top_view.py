@@ -31,6 +31,7 @@ from rich.text import Text
 
 from ralph_runner.commands import status as status_command
 from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
+from ralph_runner.loop import pause as pause_control
 from ralph_runner.process import connection
 from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR
 
@@ -50,7 +51,8 @@ RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 REMOTE = """d={dir}
 if [ -r "$d/status.json" ]; then
   pid=$(sed -n 's/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p' "$d/status.json" | head -n 1)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo alive; else echo gone; fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then s=alive; else s=gone; fi
+  if [ -e "$d/{pause}" ]; then echo "$s {pause}"; else echo "$s"; fi
   cat -- "$d/status.json"
 else echo missing; fi
 echo; echo {sep}; cat -- "$d/state.json" 2>/dev/null
@@ -98,6 +100,7 @@ def read_local(workdir: str, detailed: bool) -> Snapshot:
     if row is None:
         return Snapshot({"error": "unreadable status.json", "reachable": True})
     row["running"] = bool(row.get("running")) and status_command.pid_alive(row.get("pid"))
+    row["pause_left"] = not row["running"] and (base / pause_control.CONTROL).exists()
     state = _object(_read(base / "state.json")) or {}
     history = _read(base / HISTORY_FILE, TAIL_BYTES)
     ring = ""
@@ -119,6 +122,7 @@ def read_remote(
         lines=HISTORY_TAIL,
         history=HISTORY_FILE,
         ring=ring if detailed else "",
+        pause=pause_control.CONTROL,
     )
     result = conn.shell(command, timeout=timeout, max_output=REMOTE_OUTPUT)
     if result.timed_out:
@@ -133,13 +137,15 @@ def read_remote(
             index += 1
         else:
             parts[index].append(line)
-    alive, *status_lines = parts[0] or ["missing"]
-    if result.exit_code != 0 or alive.strip() == "missing":
+    first, *status_lines = parts[0] or ["missing"]
+    alive, *flags = first.split() or ["missing"]
+    if result.exit_code != 0 or alive == "missing":
         return Snapshot({"error": f"no status at {where}/status.json", "reachable": True})
     row = _object("\n".join(status_lines))
     if row is None:
         return Snapshot({"error": f"unreadable status at {where}/status.json", "reachable": True})
-    row["running"] = bool(row.get("running")) and alive.strip() == "alive"
+    row["running"] = bool(row.get("running")) and alive == "alive"
+    row["pause_left"] = not row["running"] and pause_control.CONTROL in flags
     state = _object("\n".join(parts[1])) or {}
     return _snapshot(row, state, "\n".join(parts[2]), "\n".join(parts[3]) if detailed else None)
 
@@ -152,6 +158,9 @@ def remote_path(path: str) -> str:
 def _snapshot(
     row: dict[str, Any], state: dict[str, Any], history: str, ring: str | None
 ) -> Snapshot:
+    # status.json's `error` (why a run failed; null otherwise) is not a read's error, which
+    # this module's rows hold under the same name: kept as `run_error`
+    row["run_error"] = row.pop("error", None)
     times = state.get("death_times")
     death_time = times[-1] if isinstance(times, list) and times else None
     failure = state.get("last_failure")
@@ -205,7 +214,9 @@ def state_text(row: dict[str, Any], death_time: float | None, now: float) -> str
     step since), waiting for a usage limit's reset, running, pausing, dead, or how it ended."""
     pause = row.get("pause") or {}
     if not row.get("running"):
-        return "dead" if row.get("status") == "running" else str(row.get("status", "?"))
+        ended = "dead" if row.get("status") == "running" else str(row.get("status", "?"))
+        # a pause left behind holds the next run before its first iteration: r clears it
+        return f"{ended}, paused" if row.get("pause_left") else ended
     if row.get("paused"):
         return "paused"
     if recovering(row, death_time):

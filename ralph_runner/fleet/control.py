@@ -19,8 +19,10 @@ from ralph_runner.runbook import inventory
 from ralph_runner.workspace.state_files import STATE_DIR
 
 NO_WORKDIR = 3
-PAUSE = (
+PAUSE = (  # a request already there is kept (its time, its author) unless --now adds "now"
     'd={dir}; [ -d "$d" ] || {{ echo "no such workdir: $d"; exit 3; }}; '
+    'if [ -e "$d/{state}/{name}" ] && [ {now} = 0 ]; then'
+    " echo 'already paused or pausing'; exit 0; fi; "
     'mkdir -p "$d/{state}" && printf "%s" {text} > "$d/{state}/.{name}.ralph-tmp"'
     ' && mv -f "$d/{state}/.{name}.ralph-tmp" "$d/{state}/{name}" && echo \'pause asked for\''
 )
@@ -36,7 +38,7 @@ def command(action: str, workdir: str, now: bool = False) -> str:
     quoted = workdir if workdir.startswith("~/") else shlex.quote(workdir)
     template = PAUSE if action == "pause" else RESUME
     text = shlex.quote(pause.request_text(now)) if action == "pause" else ""
-    return template.format(dir=quoted, state=STATE_DIR, name=pause.CONTROL, text=text)
+    return template.format(dir=quoted, state=STATE_DIR, name=pause.CONTROL, text=text, now=int(now))
 
 
 def send_one(

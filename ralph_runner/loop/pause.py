@@ -110,6 +110,8 @@ def request(workdir: Path, now: bool = False) -> Path:
 
 def release(workdir: Path) -> bool:
     """Let the loop of `workdir` go on; False when no pause was asked for."""
+    if not Path(workdir).is_dir():  # as `request` says: not "not paused" (exit 0)
+        raise FatalError(Problem("no such workdir", str(workdir)))
     try:
         control_path(workdir).unlink()
     except FileNotFoundError:

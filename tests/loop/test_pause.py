@@ -59,6 +59,8 @@ def test_pause_waits_after_the_iteration_and_resume_goes_on(scenario: Scenario) 
     assert len(run.of("iteration")) == 1 and run.of("resumed") == []
     shown = ralph("status", str(workdir))
     assert "paused" in shown.stdout, shown.stdout
+    again = ralph("pause", str(workdir))  # issue 31, item 6: not "pause asked for" again
+    assert again.returncode == 0 and f"{workdir}: already paused: the loop waits" in again.stdout
 
     resumed = ralph("resume", "-i", str(inventory))  # over the host's (local) connection
     assert resumed.returncode == 0, resumed.stderr
