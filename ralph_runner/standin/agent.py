@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import httpx
 
-from ralph_runner.workspace import checklist as checklist_file
+# A todo item as GitHub task lists write it (ralph-run's checklist grammar): a `-`, `*`, `+` or
+# `1.`/`1)` marker, `[ ]`, text. The stand-in is a program of its own (it imports nothing of
+# ralph-run), as a real agent is: it reads the checklist its own way.
+UNCHECKED = re.compile(rb"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+(\[ \])[ \t]+(\S.*?)\r?$", re.MULTILINE)
+FENCE = re.compile(rb"^[ \t]{0,3}(```|~~~)", re.MULTILINE)
 
 
 def ask(url: str, model: str, prompt: str, timeout: float, max_tokens: int = 16) -> str:
@@ -65,14 +70,15 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
 
 
 def tick_first(checklist: Path) -> str | None:
-    """Ticks the first todo item (any form the loop accepts: `- [ ]`, `* [ ]`, `1. [ ]`, ...),
-    every other byte unchanged; the item's text, or None when none is left."""
-    text = checklist_file.read(checklist)
-    item = checklist_file.next_todo(text)
-    if item is None:
-        return None
-    checklist.write_bytes(checklist_file.mark(text, item, checklist_file.DONE).encode("utf-8"))
-    return item.text
+    """Turns the first todo item's `[ ]` into `[x]` (none inside a ``` or ~~~ fence), every
+    other byte unchanged; the item's text, or None when none is left."""
+    data = checklist.read_bytes()
+    for match in UNCHECKED.finditer(data):
+        if len(FENCE.findall(data[: match.start()])) % 2 == 0:  # not inside a fence
+            start, end = match.span(1)
+            checklist.write_bytes(data[:start] + b"[x]" + data[end:])
+            return match.group(2).decode("utf-8", errors="replace").strip()
+    return None
 
 
 def commit(message: str) -> str:
