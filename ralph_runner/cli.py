@@ -14,7 +14,8 @@ EPILOG = """\
 commands:
   ralph-run RUNBOOK [-i INVENTORY] [--limit PATTERN] [--forks N] [-e KEY=VALUE|@file] [--check]
                 [-v] [--json]                       one loop per matching host
-  ralph-run probe|diagnose RUNBOOK [same options]   probe once / capture a report now
+  ralph-run probe|diagnose RUNBOOK [-i INVENTORY] [--limit PATTERN] [-e KEY=VALUE|@file]
+                [-v] [--json]                       probe once / capture a report now
   ralph-run status [WORKDIR|RUNBOOK] [-i INVENTORY]  the loop's status (every host's with -i)
   ralph-run pause [WORKDIR|RUNBOOK] [--now] [-i INVENTORY]   hold the loop before its next
                                                      iteration (--now: stop the step, no strike)
@@ -35,21 +36,43 @@ exit codes:
   130/143 interrupted (state saved)
 """
 
-COMMANDS = (
-    "probe",
-    "diagnose",
-    "status",
-    "pause",
-    "resume",
-    "top",
-    "deaths",
-    "report",
-    "schema",
-    "demo",
-)
+DESCRIPTIONS = {  # each subcommand's --help page opens with its own
+    "probe": "Run the runbook's health probes once, now, on each matching host, and print each "
+    "probe's result. Exit 0 when every probe is healthy, 1 when one is not.",
+    "diagnose": "Run every collector of the runbook now, on each matching host, and print the "
+    "death report it would write (nothing is written, nothing recovered).",
+    "status": "Where a loop stands, read from its .ralph/status.json: while it runs and after "
+    "it ended. With -i, every host's loop, over its connection.",
+    "pause": "Hold a running loop before its next iteration (--now: stop the running step, "
+    "no strike). It writes .ralph/pause; a loop that is not running waits before its first "
+    "iteration. `ralph-run resume` lets it go on.",
+    "resume": "Let a paused loop go on (removes .ralph/pause), or clear a pause left on a "
+    "loop that is not running.",
+    "top": "A live full-screen view of one or more loops: state, item, step, deaths, and the "
+    "selected loop's engine, iterations and output. Keys: p pause, r resume, o report, q quit.",
+    "deaths": "What the deaths say: by signature, phase and host, time between deaths, "
+    "recovery times and the death rate by prompt size, from death records and histories.",
+    "report": "The answers of `ralph-run deaths` as one self-contained offline HTML page, with "
+    "charts (timeline, signatures, prompt size, the flight recorder before each death).",
+    "schema": "Print the runbook language as JSON Schema (for editors), or as a Markdown "
+    "reference.",
+    "demo": "The whole thing on a stand-in server: a throw-away workspace and a loop whose "
+    "server is broken twice on purpose, recovered each time; ends with its deaths and report.",
+}
+COMMANDS = tuple(DESCRIPTIONS)
 
 
-def _plan_options(parser: argparse.ArgumentParser) -> None:
+def version() -> str:
+    """The installed package's version (pyproject.toml's)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ralph-run")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _plan_options(parser: argparse.ArgumentParser, command: str | None = None) -> None:
     parser.add_argument("runbook", help="the runbook YAML file")
     parser.add_argument("-i", "--inventory", help="Ansible YAML inventory (default: localhost)")
     parser.add_argument("--limit", help="further limit the hosts with an Ansible pattern")
@@ -61,8 +84,23 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="extra variables: KEY=VALUE, @file.yaml or JSON; highest precedence",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON event per line")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help={
+            "probe": "each probe's result as one JSON object per line",
+            "diagnose": "the report as one JSON object (the death record's fields)",
+        }.get(command or "", "one JSON event per line instead of the human view"),
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="also show each step's output as it comes (the agent's, for one), secrets masked"
+        if command is None
+        else "accepted as the loop takes it; no effect here",
+    )
 
 
 def _positive(text: str) -> int:
@@ -83,6 +121,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
         _plan_options(parser)
         parser.add_argument(
             "--forks",
@@ -97,9 +136,12 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             help="validate and print the rendered plan; run and write nothing",
         )
         return parser
-    parser = argparse.ArgumentParser(prog=f"ralph-run {command}")
+    parser = argparse.ArgumentParser(
+        prog=f"ralph-run {command}",
+        description=DESCRIPTIONS[command],
+    )
     if command in ("probe", "diagnose"):
-        _plan_options(parser)
+        _plan_options(parser, command)
     elif command == "status":
         parser.add_argument(
             "target",
@@ -112,7 +154,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         parser.add_argument(
             "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
         )
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument(
+            "--json", action="store_true", help="status.json as one JSON object (with -i: a list)"
+        )
     elif command in ("pause", "resume"):
         parser.add_argument(
             "target",
@@ -132,7 +176,12 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         parser.add_argument(
             "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
         )
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="the answer as one JSON object: workdir, what was done, whether a loop runs "
+            "(with -i: one per host, in a list)",
+        )
     elif command == "top":
         parser.add_argument(
             "targets",
@@ -150,11 +199,25 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"
         )
         parser.add_argument("-i", "--inventory", help="a runbook's hosts: each one's records")
-        parser.add_argument("-e", "--extra-vars", action="append", default=[])
+        parser.add_argument(
+            "-e",
+            "--extra-vars",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a runbook's extra variables (KEY=VALUE, @file.yaml or JSON), to find its "
+            "hosts' workdirs and records as the run does",
+        )
         if command == "deaths":
             parser.add_argument("--json", action="store_true", help="the answers as one JSON")
         else:
-            parser.add_argument("-o", "--output", default="report.html", help="the HTML file")
+            parser.add_argument(
+                "-o",
+                "--output",
+                default="report.html",
+                metavar="FILE",
+                help="the HTML file (default: report.html)",
+            )
     elif command == "schema":
         parser.add_argument(
             "--markdown",
@@ -169,7 +232,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             "folder, or one an earlier demo made, whose contents it deletes; any other "
             "folder is refused",
         )
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument(
+            "--json", action="store_true", help="the loop's events as JSON, one per line"
+        )
     return parser
 
 
