@@ -84,8 +84,8 @@ def human_lines(status: dict[str, Any]) -> list[str]:
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
     lines.extend(_pause(status) if status["running"] else _pause_left(status))
-    if status.get("error"):  # why the run failed (exit 2): what its console said
-        lines.append(f"error:      {status['error']}")
+    if status.get("failure"):  # why the run failed (exit 2): what its console said
+        lines.append(f"error:      {status['failure']}")
     lines.extend(_agent_broken(status.get("agent_broken")))
     lines.extend(_limited(status.get("limited")))
     lines.extend(_hang_bound(status.get("hang_bound")) if status["running"] else [])

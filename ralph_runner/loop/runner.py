@@ -593,7 +593,7 @@ class Runner:
             "agent_broken": st.agent_broken,
             "limited_until": (st.limited or {}).get("until"),
             "limited": st.limited,
-            "error": st.error,
+            "failure": st.error,  # why the run failed; "error" is a reader's (no status read)
             **pause.status_fields(self),  # paused, pause, step_started, attempts
             "hang_bound": self._hang_bound(),
             "updated": time.time(),

@@ -60,7 +60,7 @@ def test_a_run_stopped_by_an_unreadable_checklist_says_failed_and_why(tmp_path, 
     assert shown.returncode == 0, shown.stderr  # not "no status (never run here?)"
     status = json.loads(shown.stdout)
     assert status["status"] == "failed" and status["running"] is False, status
-    assert f"{checklist}:" in status["error"] and "not valid UTF-8" in status["error"], status
+    assert f"{checklist}:" in status["failure"] and "not valid UTF-8" in status["failure"], status
     human = ralph(work, "status")
     assert human.returncode == 0, human.stderr
     assert "status:     not running (failed)" in human.stdout, human.stdout
@@ -75,4 +75,4 @@ def test_a_run_stopped_by_an_unreadable_checklist_says_failed_and_why(tmp_path, 
     again = ralph(work, str(runbook(tmp_path, f"sed -i 's/- \\[ \\]/- [x]/' {checklist}")))
     assert again.returncode == 0, again.stdout + again.stderr
     status = json.loads(ralph(work, "status", "--json").stdout)
-    assert status["status"] == "finished" and status["error"] is None, status
+    assert status["status"] == "finished" and status["failure"] is None, status
