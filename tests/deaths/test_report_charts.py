@@ -7,8 +7,12 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from html import unescape
+from typing import Any
+
+import pytest
 
 from ralph_runner.deaths import html, stats
+from ralph_runner.output import shorten
 
 START = 1_800_000_000.0
 HANG = "probe can generate: timeout"
@@ -82,51 +86,61 @@ def swatches(page: str) -> dict[str, str]:
     return {unescape(signature): colour for colour, signature in found}
 
 
-def test_each_death_has_its_signatures_colour_in_the_charts_with_a_legend() -> None:
-    data = night()
-    answers = stats.tables(data)
-    page = html.render(data, answers)
+def rendered(data: stats.Data, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
+    """The page `ralph-run report` writes, and the Bokeh charts it embeds (by name)."""
+    import bokeh.embed
+
+    embed = bokeh.embed.components
+    charts: dict[str, Any] = {}
+
+    def components(models: dict[str, Any]) -> Any:
+        charts.update(models)
+        return embed(models)
+
+    monkeypatch.setattr(bokeh.embed, "components", components)
+    return html.render(data, stats.tables(data)), charts
+
+
+def test_each_death_has_its_signatures_colour_in_the_charts_with_a_legend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    page, charts = rendered(night(), monkeypatch)
     colour = swatches(page)
     assert set(colour) == {HANG, KV} and colour[HANG] != colour[KV]
+    each = {"1": colour[HANG], "2": colour[KV], "3": colour[KV]}
 
-    charts = html.metric_charts(data.deaths, html.signature_colours(answers))
-    assert charts
-    for chart in charts:
+    metrics = [chart for name, chart in charts.items() if name.startswith("metric ")]
+    assert metrics
+    for chart in metrics:
         (lines,) = chart.renderers
         source = lines.data_source.data
-        by_death = dict(zip(source["death"], source["colour"], strict=True))
-        assert by_death == {"1": colour[HANG], "2": colour[KV], "3": colour[KV]}
-        (legend,) = chart.legend
-        labels = {item.label.field for item in legend.items}  # one entry per signature
-        assert labels == {"legend"}
-        assert sorted(set(source["legend"])) == sorted({HANG, KV})
+        assert dict(zip(source["death"], source["colour"], strict=True)) == each
+        (legend,) = chart.legend  # one entry per signature, in its colour
+        assert [item.label.field for item in legend.items] == ["legend"]
+        assert sorted(set(source["legend"])) == sorted(
+            shorten(s, html.LEGEND_CHARS) for s in (HANG, KV)
+        )
 
-    prompt, _ = html.timeline(data, html.signature_colours(answers)).children
-    marks = [r for r in prompt.renderers if "death" in r.data_source.data]
-    (mark,) = [r for r in marks if getattr(r.glyph, "marker", None) == "x"]
-    data_ = mark.data_source.data
-    assert dict(zip(data_["death"], data_["colour"], strict=True)) == {
-        "1": colour[HANG],
-        "2": colour[KV],
-        "3": colour[KV],
-    }
-    legend_labels = {
-        str(item.label.field if hasattr(item.label, "field") else item.label)
-        for item in prompt.legend[0].items
-    }
-    assert "legend" in legend_labels  # the death marks are in the legend, by signature
-    assert {f"✕ {HANG}", f"✕ {KV}"} <= set(data_["legend"])
+    prompt, _ = charts["timeline"].children
+    (mark,) = [r for r in prompt.renderers if getattr(r.glyph, "marker", None) == "x"]
+    marks = mark.data_source.data
+    assert dict(zip(marks["death"], marks["colour"], strict=True)) == each
+    legend_fields = [getattr(item.label, "field", None) for item in prompt.legend[0].items]
+    assert "legend" in legend_fields  # the death marks are in the legend, by signature
+    assert {f"✕ {shorten(s, html.LEGEND_CHARS)}" for s in (HANG, KV)} == set(marks["legend"])
 
 
-def test_a_paused_iteration_is_labelled_paused_not_unknown() -> None:
-    data = night()
-    prompt, _ = html.timeline(data, html.signature_colours(stats.tables(data))).children
+def test_a_paused_iteration_is_labelled_paused_not_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, charts = rendered(night(), monkeypatch)
+    prompt, _ = charts["timeline"].children
     dots = [r for r in prompt.renderers if "outcome" in r.data_source.data]
-    (source,) = {id(r.data_source): r.data_source for r in dots}.values()
-    assert list(source.data["outcome"]) == ["done", "paused", "death", "death"]
+    assert list(dots[0].data_source.data["outcome"]) == ["done", "paused", "death", "death"]
     cmap = dots[0].glyph.fill_color.transform
     colours = dict(zip(cmap.factors, cmap.palette, strict=True))
-    assert colours["paused"] == html.OUTCOME_COLOURS["paused"] != html.OUTCOME_COLOURS["unknown"]
+    assert "unknown" not in colours
+    assert colours["paused"] not in {colours["done"], colours["death"], "#bbbbbb"}
 
 
 def test_only_prompt_size_buckets_that_hold_something_are_listed() -> None:
