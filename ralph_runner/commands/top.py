@@ -274,6 +274,8 @@ class View:
             return row.get("said") or f"error: {row.get('error')}"
         try:
             if action == "pause":
+                if pause.read(pause.control_path(Path(loop.workdir))) is not None:
+                    return "already paused (or pausing): r resumes"  # the request is kept
                 pause.request(Path(loop.workdir))
                 return "pause asked for: it waits after the iteration in hand"
             return "resumed" if pause.release(Path(loop.workdir)) else "not paused"

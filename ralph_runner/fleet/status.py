@@ -19,6 +19,7 @@ from typing import Any
 
 from ralph_runner import templating
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.loop import pause
 from ralph_runner.output import columns
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, plan
@@ -26,9 +27,11 @@ from ralph_runner.workspace.state_files import STATE_DIR
 
 DEFAULT_WORKDIR = "{{ ralph_workdir | default('.') }}"
 READ_STATUS = (  # one round trip: the status file, then whether its pid still runs there
+    # and whether a pause is asked for (`.ralph/pause`: left on a loop that is not running, it
+    # holds the next run before its first iteration)
     "cat -- {file} && pid=$(sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p' {file} | head -n 1)"
-    ' && printf "\\n%s\\n" "$( [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo alive'
-    ' || echo gone)"'
+    ' && printf "\\n%s%s\\n" "$( [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo alive'
+    ' || echo gone)" "$( [ -e {pause} ] && echo " pause")"'
 )
 
 
@@ -69,8 +72,11 @@ def read_one(
     """One host's status, or why it could not be read; never raises, never outlives timeout."""
     started = time.monotonic()
     status_file = f"{workdir.rstrip('/')}/{STATE_DIR}/status.json"
-    quoted = status_file if status_file.startswith("~/") else shlex.quote(status_file)
-    result = conn.shell(READ_STATUS.format(file=quoted), timeout=timeout)
+    pause_file = f"{workdir.rstrip('/')}/{STATE_DIR}/{pause.CONTROL}"
+    quoted, pause_quoted = (
+        path if path.startswith("~/") else shlex.quote(path) for path in (status_file, pause_file)
+    )
+    result = conn.shell(READ_STATUS.format(file=quoted, pause=pause_quoted), timeout=timeout)
     seconds = round(time.monotonic() - started, 3)
     base = {"host": host, "workdir": workdir, "seconds": seconds}
     if result.timed_out:
@@ -85,8 +91,12 @@ def read_one(
         status = json.loads(text)
     except ValueError:
         return {**base, "reachable": True, "error": f"unreadable status at {status_file}"}
-    running = bool(status.get("running")) and liveness.strip() == "alive"
-    return {**status, **base, "reachable": True, "running": running}
+    alive, *flags = liveness.split() or ["gone"]
+    running = bool(status.get("running")) and alive == "alive"
+    # status.json's `error` (why a run failed, else null) is not this row's read error
+    status["run_error"] = status.pop("error", None)
+    pause_left = not running and "pause" in flags
+    return {**status, **base, "reachable": True, "running": running, "pause_left": pause_left}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -102,6 +112,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             state = "paused"
         if not row["running"] and row.get("status") == "running":
             state = "dead (was running)"
+        if row.get("pause_left"):  # `ralph-run resume` clears it
+            state += ", paused"
         last = row.get("last_death") or {}
         lines.append(
             (

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e_helpers import Scenario
 from standin_helpers import ralph
 
@@ -50,6 +51,14 @@ def test_a_pause_left_on_a_stopped_loop_shows_and_is_not_asked_for_twice(
     (row,) = [line for line in top.stdout.splitlines() if line.startswith(f">{workdir.name} ")]
     assert "finished, paused" in row, top.stdout
 
+    inventory = scenario.root / "inventory.yaml"  # `status -i`: over the host's connection
+    hosts = {"here": {"ansible_connection": "local", "ralph_workdir": str(workdir)}}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    fleet = ralph("status", "-i", str(inventory))
+    assert fleet.returncode == 0, fleet.stdout + fleet.stderr  # a finished run is no read error
+    (row,) = [line for line in fleet.stdout.splitlines() if line.startswith("here ")]
+    assert row.split()[1:3] == ["finished,", "paused"], fleet.stdout
+
     resumed = ralph("resume", str(workdir))
     assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stdout
     assert "pause:" not in ralph("status", str(workdir)).stdout
@@ -64,3 +73,20 @@ def test_a_missing_workdir_is_exit_2_for_pause_resume_and_top(tmp_path: Path) ->
         assert done.returncode == 2, (args, done.returncode, done.stdout, done.stderr)
         assert "no such workdir" in done.stderr and missing in done.stderr, (args, done.stderr)
         assert not Path(missing).exists()
+
+
+def test_top_p_on_a_paused_loop_says_so_and_keeps_the_request(tmp_path: Path) -> None:
+    """`p` in top, as `ralph-run pause`: a request already there is kept, and said."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ralph_runner.commands import top
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with ThreadPoolExecutor(1) as pool:
+        screen = top.View([top.Loop("localhost", str(workdir), None, "work")], pool, 5.0)
+        assert screen._control(screen.loops[0], "pause").startswith("pause asked for")
+        request = pause.control_path(workdir).read_text()
+        assert screen._control(screen.loops[0], "pause").startswith("already paused")
+        assert pause.control_path(workdir).read_text() == request
+        assert screen._control(screen.loops[0], "resume") == "resumed"
