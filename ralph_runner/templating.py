@@ -325,6 +325,8 @@ class Templar:
             if expression is None:
                 return self.render(data, variables, where=where)
             value = self.evaluate(expression, variables, where=where)
+            with _reported(where, data):
+                _text(value)  # a function, class or module is no value: refused at its place
             return str(value) if isinstance(value, str) else value
         if isinstance(data, Mapping):
             return {

@@ -345,3 +345,21 @@ def test_check_finds_an_undefined_name_in_the_prompt(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"{runbook}:14:1: prompt: undefined variable 'modle'" in err, err
+
+
+@pytest.mark.parametrize(
+    "value", ["{{ '%s'.format_map }}", "{{ lookup }}", "{{ range }}", "{{ 'x'.upper }}"]
+)
+def test_a_var_that_renders_to_a_function_is_refused_at_its_place(tmp_path, capsys, value):
+    """Issue 29, finding 15: `{{ '%s'.format_map }}` in a var rendered `<function ...>` into
+    the steps that used it, exit 0; the same in the prompt was refused. A value that is a
+    function (or a class) is an error at its own position, wherever it is."""
+    book = GOOD.replace(
+        "  base_url: http://127.0.0.1:9/v1\n",
+        f'  base_url: http://127.0.0.1:9/v1\n  fn: "{value}"\n',
+    )
+    book = book.replace("shell: echo {{ item.text }}", "shell: echo {{ fn }} {{ item.text }}")
+    code, runbook = run_cli(tmp_path, book)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{runbook}:4:3: vars.fn: the template gives a function" in err, err
