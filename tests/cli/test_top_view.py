@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -162,30 +162,58 @@ def screen(board: top.View, height: int = 24) -> list[str]:
     return console.file.getvalue().splitlines()
 
 
+class HungStatus:
+    """A loop's status.json that hangs its reader: a FIFO that no one writes (a reader hangs in
+    its open, as on a stuck file system). `set()` answers the reader in flight with the status
+    and puts the status back as a file; `clear()` makes it a FIFO again: the next read hangs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.text = path, path.read_text()
+        self.hung = False
+        self.clear()
+
+    def clear(self) -> None:
+        fifo = self.path.with_suffix(".fifo")
+        os.mkfifo(fifo)
+        fifo.replace(self.path)  # at once: a read meanwhile finds the file, or the FIFO
+        self.hung = True
+
+    def set(self) -> None:
+        if not self.hung:
+            return
+        try:  # the reader in flight, if any, gets the status
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader in flight
+            pass
+        else:
+            try:
+                os.write(fd, self.text.encode())
+            finally:
+                os.close(fd)
+        file = self.path.with_suffix(".tmp")
+        file.write_text(self.text)
+        file.replace(self.path)  # the FIFO's reader, if any, still reads what was written
+        self.hung = False
+
+
 def test_a_loop_whose_read_hangs_holds_up_no_other_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The slow loop's status.json is a FIFO that no one writes: ralph-run's own read of it
+    (top_view.read_local) hangs, until the test answers it."""
     for name in ("fast", "slow"):
         write_workdir(tmp_path / name)
+    release = HungStatus(tmp_path / "slow" / ".ralph" / "status.json")
     loops = [top.Loop("localhost", str(tmp_path / n), None, n) for n in ("fast", "slow")]
-    release = threading.Event()
-    real = view.read_local
-
-    def read(workdir: str, detailed: bool) -> view.Snapshot:
-        if workdir.endswith("slow"):
-            release.wait(30)
-        return real(workdir, detailed)
-
-    monkeypatch.setattr(view, "read_local", read)
     monkeypatch.setattr(top, "STALE", 2.0)
     with top.ThreadPoolExecutor(4) as pool:
         try:
             hung_reads_hold_up_nothing(top.View(loops, pool, timeout=5), release)
         finally:
-            release.set()  # the pool's end waits for its threads
+            release.set()  # the pool's end waits for its threads: the hung read is answered
 
 
-def hung_reads_hold_up_nothing(board: top.View, release: threading.Event) -> None:
+def hung_reads_hold_up_nothing(board: top.View, release: HungStatus) -> None:
     started = time.monotonic()
     board._settle(board.poll())
     assert time.monotonic() - started < 2  # the grace, not the hung read
