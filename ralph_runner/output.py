@@ -155,7 +155,11 @@ HUMAN: dict[str, Callable[[dict, Painter], str]] = {
         )
     ),
     "report": lambda f, p: (
-        f"  📝 report appended to {f['log']}"
+        (
+            f"  📝 report appended to {f['log']}"
+            if f.get("written", True)
+            else p("red", f"  ⚠ report not written ({f['error']}): its record is on stderr")
+        )
         + (f"\n  🔎 signature: {f['signature']}" if f.get("signature") else "")
     ),
     "start": lambda f, p: p(

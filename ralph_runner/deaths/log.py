@@ -71,11 +71,12 @@ class DeathLog:
         self.redactor = redactor
         self.where = where  # where the template came from, for its errors
 
-    def write_death(self, record: DeathRecord) -> None:
-        """Write one death to both files, durably, before the caller starts recovery."""
+    def write_death(self, record: DeathRecord) -> list[str]:
+        """Write one death to both files, durably, before the caller starts recovery; what
+        could not be written (file: why), empty when both were."""
         record = self.redactor.data({"event": "death", **record})
         block = self._render(record)
-        self._write(record, "death", self.redactor.text(block).rstrip("\n") + "\n\n")
+        return self._write(record, "death", self.redactor.text(block).rstrip("\n") + "\n\n")
 
     def write_recovery(self, record: RecoveryRecord) -> None:
         """Write a recovery outcome: the JSON record and a short line under its death's block."""
@@ -97,7 +98,7 @@ class DeathLog:
     def _render(self, record: DeathRecord) -> str:
         return render(record, self.template, self.templar, self.redactor, self.where)
 
-    def _write(self, record: Record, kind: str, text: str) -> None:
+    def _write(self, record: Record, kind: str, text: str) -> list[str]:
         line = json.dumps(record, ensure_ascii=False, default=str)
         errors = []
         for path, data in ((self.log_path, text), (self.records_path, line + "\n")):
@@ -112,6 +113,7 @@ class DeathLog:
                 file=sys.stderr,
                 flush=True,
             )
+        return errors
 
 
 def render(

@@ -172,13 +172,14 @@ class Service:
             **({"during_recovery": during} if during else {}),
         }
         record.update(wiring.at_death(self.plan, record))  # recorder window, signature
-        self.death_log.write_death(record)
+        unwritten = self.death_log.write_death(record)
         self.signatures.append(str(record.get("signature") or "unknown"))
         self.emit(
             "report",
             death=number,
             log=str(self.death_log.log_path),
             signature=record.get("signature"),
+            **({"written": False, "error": "; ".join(unwritten)} if unwritten else {}),
         )
         if recover is None:
             recover = fault_class != faults.RESTARTED

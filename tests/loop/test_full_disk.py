@@ -178,6 +178,10 @@ def test_the_disk_fills_up_between_two_deaths(full: Scenario) -> None:
     assert second["death"] == 2 and second["collectors"]
     assert second["phase"] == "during-step"
     assert [r["death"] for r in full.records("death")] == [1], "death 2 lives on stderr only"
+    # the console says which report was written: death 2's says it was not (issue 29, 13)
+    reports = run.of("report")
+    assert [r.get("written", True) for r in reports[:2]] == [True, False], reports
+    assert "No space left on device" in reports[1]["error"], reports[1]
     _assert_nothing_torn(full.workspace)
     for name in FULL:  # space again: the next save and death write normally
         os.remove(full.workspace / name / "filler")
