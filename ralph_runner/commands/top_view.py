@@ -158,9 +158,6 @@ def remote_path(path: str) -> str:
 def _snapshot(
     row: dict[str, Any], state: dict[str, Any], history: str, ring: str | None
 ) -> Snapshot:
-    # status.json's `error` (why a run failed; null otherwise) is not a read's error, which
-    # this module's rows hold under the same name: kept as `run_error`
-    row["run_error"] = row.pop("error", None)
     times = state.get("death_times")
     death_time = times[-1] if isinstance(times, list) and times else None
     failure = state.get("last_failure")

@@ -93,8 +93,6 @@ def read_one(
         return {**base, "reachable": True, "error": f"unreadable status at {status_file}"}
     alive, *flags = liveness.split() or ["gone"]
     running = bool(status.get("running")) and alive == "alive"
-    # status.json's `error` (why a run failed, else null) is not this row's read error
-    status["run_error"] = status.pop("error", None)
     pause_left = not running and "pause" in flags
     return {**status, **base, "reachable": True, "running": running, "pause_left": pause_left}
 
