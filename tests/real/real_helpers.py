@@ -170,6 +170,16 @@ class Engine:
         """The current server's process group: API server, EngineCore, Worker (and helpers)."""
         return group_of(self.pgid) if self.pgid else []
 
+    def serving(self) -> tuple[int | None, list[int]]:
+        """Who serves now: the server's process group and its processes' pids."""
+        return self.pgid, [p.pid for p in self.processes()]
+
+    def replaced(self, before: tuple[int | None, list[int]]) -> bool:
+        """Another server serves than `before` (a `serving()`): a process group of its own,
+        none of the old group's processes in it."""
+        pgid, pids = self.serving()
+        return pgid is not None and pgid != before[0] and not set(pids) & set(before[1])
+
     def engine_core(self) -> psutil.Process:
         return role(self.processes(), ENGINE_CORE)
 

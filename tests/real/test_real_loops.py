@@ -150,8 +150,13 @@ def ran_steps(loop: Loop) -> list[str]:
     return [step["name"] for step in recovery["steps"] if not step["skipped"]]
 
 
-def assert_recovered_cleanly(loop: Loop, old_group: list[int], item: str) -> dict[str, Any]:
-    """Exit 0, every item done, one death recovered, no strike, the old server's group gone."""
+def assert_recovered_cleanly(
+    loop: Loop, before: tuple[int | None, list[int]], item: str
+) -> dict[str, Any]:
+    """Exit 0, every item done, one death recovered, no strike, another server serving (a
+    group of its own) and the old server's group gone (`before`: Engine.serving() at the
+    fault)."""
+    old_group = before[1]
     code = loop.finish()
     assert code == 0, f"exit {code}: {loop.run.events[-5:]} {loop.run.stderr[-2000:]}"
     assert loop.marks() == ["x", "x"]
@@ -162,7 +167,7 @@ def assert_recovered_cleanly(loop: Loop, old_group: list[int], item: str) -> dic
     assert recovery["recovered"] is True, recovery
     assert loop.strikes() == {}, "a death cost the item a strike"
     assert loop.attempts_of(item)[-1] == 0 and len(loop.attempts_of(item)) == 2
-    assert loop.engine.pgid not in (None, old_group[0]), "the server was not restarted"
+    assert loop.engine.replaced(before), ("the server was not restarted", before)
     assert wait_until(lambda: not gone(old_group), 15, "the old server's group to end")
     assert not loop.agents_left(), loop.agents_left()
     return death
@@ -175,7 +180,7 @@ def test_engine_hang_during_the_agents_call(healthy_engine: Engine, tmp_path: Pa
     group (death.hung) and starts a new server."""
     loop = Loop(tmp_path, healthy_engine, ["hang one", "hang two"], think=2)
     loop.wait_agent_generating(iteration=2)
-    old_group = [p.pid for p in healthy_engine.processes()]
+    before = healthy_engine.serving()
     healthy_engine.signal_engine(signal.SIGSTOP)
     stopped_at = time.monotonic()
     death = loop.run.wait_event("death", timeout=HANG_BOUND + LOAD_MARGIN + 30)
@@ -183,7 +188,7 @@ def test_engine_hang_during_the_agents_call(healthy_engine: Engine, tmp_path: Pa
     print(f"hang mid-generation found after {found_after:.1f} s (bound {HANG_BOUND} s)")
     assert found_after <= HANG_BOUND + LOAD_MARGIN, f"hang found after {found_after:.1f} s"
     assert loop.run.of("watch", step=AGENT_STEP, killed=True), "the watch did not stop the agent"
-    record = assert_recovered_cleanly(loop, old_group, "hang two")
+    record = assert_recovered_cleanly(loop, before, "hang two")
     assert death["phase"] == record["phase"] == "during-step", record["phase"]
     reasons = {p["reason"] for p in record["probes"] if not p["ok"]}
     assert reasons == {"stalled"}, record["probes"]
@@ -212,7 +217,8 @@ def test_two_loops_on_one_engine_killed_during_their_calls(
     second = Loop(tmp_path / "second", healthy_engine, ["other one", "other two"], None, agent)
     second.run.wait_agent(1, timeout=120)
     first.wait_agent_generating(iteration=1)  # it looked at the first's status: in its call
-    old_group = [p.pid for p in healthy_engine.processes()]
+    before = healthy_engine.serving()
+    old_group = before[1]
     status = second.run.status()
     assert (status["iteration"], status["phase"]) == (1, AGENT_STEP), status
     healthy_engine.signal_engine(signal.SIGKILL)
@@ -232,11 +238,13 @@ def test_two_loops_on_one_engine_killed_during_their_calls(
     waited = [r for r in recoveries if r["attempts"] == 0]
     assert len(ran) == 1 and len(waited) == 1, recoveries
     assert [s["name"] for s in ran[0]["steps"] if not s["skipped"]] == ["start vLLM"]
-    assert "the loop of pid" in waited[0]["by"], waited
+    recovering = first if ran[0] is recoveries[0] else second
+    holder = f"the loop of pid {recovering.run.process.pid} in {recovering.workspace}"
+    assert waited[0]["by"] == holder, (waited, holder)
     for record in records.values():
         during = record.get("during_recovery")
         moment = records[Path(during["records"]).resolve()] if during else record
         assert "EngineDeadError" in collector(moment, "vLLM errors"), (during, moment)
-    assert healthy_engine.pgid not in (None, old_group[0]), "the server was not restarted"
+    assert healthy_engine.replaced(before), ("the server was not restarted", before)
     assert wait_until(lambda: not gone(old_group), 15, "the old server's group to end")
     assert not first.agents_left(), first.agents_left()
