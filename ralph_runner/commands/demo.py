@@ -42,9 +42,13 @@ ITEMS = [
 MARKER = ".ralph-demo"  # written into the workspace: a folder with it is the demo's to remake
 PLAN = "# Plan\n\nA tiny road game, one small file at a time.\n"
 AGENT_STEP = "run the agent"
-CHAOS = {  # iteration -> the fault set while the agent step of that iteration runs
+CHAOS: dict[int, dict[str, object]] = {  # iteration -> the fault set of its agent step
     3: {"engine_hang": True},  # /health 200, generation blocked: the progress probe sees it
     6: {"die_on_prompt_chars": 10},  # the KV-cache assertion on the agent's prompt; exit 0
+}
+WHAT = {  # each fault, as the introduction tells it
+    "engine_hang": "its engine hangs, /health still 200",
+    "die_on_prompt_chars": "a prompt its KV cache cannot hold kills it",
 }
 
 
@@ -71,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     if not started.ok:
         print(started.output, file=sys.stderr)
         return 1
+    if not args.json:
+        _introduce(workspace, port)
     cwd = Path.cwd()
     try:
         os.chdir(workspace)
@@ -82,8 +88,21 @@ def main(args: argparse.Namespace) -> int:
     finally:
         os.chdir(cwd)
         _stop_server(standin)
-    _show(workspace)
+    _show(workspace, args.json)
     return code
+
+
+def _introduce(workspace: Path, port: int) -> None:
+    """What the newcomer is about to see, before the loop's own lines."""
+    breaks = "; ".join(f"iteration {n}: {WHAT[next(iter(f))]}" for n, f in CHAOS.items())
+    print(
+        f"ralph-run demo: a throw-away git workspace in {workspace},\n"
+        f"a stand-in vLLM server on 127.0.0.1:{port}, and the loop of {RUNBOOK.name} over"
+        f" {len(ITEMS)} checklist items.\n"
+        f"The server is broken on purpose, twice ({breaks}):\n"
+        "watch ralph-run find each death, record it, bring the server back and go on.\n",
+        flush=True,
+    )
 
 
 def _make_workspace(workspace: Path) -> None:
@@ -182,18 +201,25 @@ def _stop_server(standin: Path) -> None:
             execute.kill_tree(int(pid_file.read_text().strip()))
 
 
-def _show(workspace: Path) -> None:
+def _show(workspace: Path, json_lines: bool) -> None:
+    """The deaths in a few lines, where the records are, and what to try next: the summary
+    stays on screen (a whole death record is ~100 lines: `ralph-run deaths` shows them)."""
     log = workspace / "logs" / "vllm-deaths.log"
     records = death_log.read_records(death_log.records_path(log))
-    print()
-    print(death_log.summarize(records))
-    print(f"\ndeath log: {log}\njson records: {death_log.records_path(log)}\n")
-    if log.is_file():
-        first = log.read_text(encoding="utf-8").split("===== END =====")[0]
-        print(first + "===== END =====")
     from ralph_runner.deaths import html as html_report
     from ralph_runner.deaths import stats  # the demo ends with its report
 
     report = workspace / "report.html"
     html_report.write(stats.load([str(workspace)]), report)
-    print(f"\nreport: {report}")
+    if json_lines:
+        print(json.dumps({"event": "demo", "log": str(log), "report": str(report)}))
+        return
+    print()
+    print(death_log.summarize(records))
+    print(f"\ndeath log: {log}\njson records: {death_log.records_path(log)}\nreport: {report}")
+    print(
+        "\nnext:\n"
+        f"  ralph-run deaths {workspace}     each death: its class, evidence, recovery\n"
+        f"  less {log}     the reports, as the seed's death log had them\n"
+        f"  cp {RUNBOOK} my-runbook.yaml     a runbook of your own (docs: getting-started)"
+    )

@@ -363,6 +363,15 @@ def test_the_readme_demo_recovers_two_deaths(tmp_path: Path) -> None:
         servers.stop()
 
     assert result.returncode == 0, result.stdout + result.stderr
+    # It says first what will happen and where; it ends with the summary still on screen (not
+    # under a whole death record) and what to try next (issue 31, item 9).
+    first = result.stdout.split("\n\n", 1)[0]
+    assert first.startswith("ralph-run demo: ") and str(workspace) in first, first
+    assert "broken on purpose, twice" in first, first
+    last = result.stdout.rstrip("\n").splitlines()[-15:]
+    assert any(line.startswith("total: 2 deaths, 2 recovered") for line in last), last
+    assert f"  ralph-run deaths {workspace}" in "\n".join(last), last
+    assert "===== END =====" not in result.stdout
     log = workspace / "logs" / "vllm-deaths.log"
     assert f"death log: {log}" in result.stdout
     rows = re.findall(r"^#\d+ .* recovered in [\d.]+ s", result.stdout, re.MULTILINE)
