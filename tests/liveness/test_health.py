@@ -108,7 +108,9 @@ def test_dead_server_is_dead_after_exactly_n_rounds(standin, make_health, failur
     assert len(reasons) == failures_before_dead
     # A connection caught in the server's last moments may be reset ("error"); once it is
     # gone, the port refuses.
-    assert reasons[-1] == ["refused"] and all(one in (["refused"], ["error"]) for one in reasons)
+    details = [[r.detail for r in one] for one in rounds]
+    assert reasons[-1] == ["refused"], details
+    assert all(one in (["refused"], ["error"]) for one in reasons), details
     interval_total = (failures_before_dead - 1) * 0.1
     assert interval_total <= seconds < interval_total + MARGIN, rounds
 
