@@ -35,7 +35,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workspace = tmp_path_factory.mktemp("demo") / "workspace"
     done = ralph_run("demo", "--dir", str(workspace))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.rstrip().endswith(f"report: {workspace / 'report.html'}")
+    assert f"\nreport: {workspace / 'report.html'}\n" in done.stdout, done.stdout[-3000:]
     return workspace
 
 
