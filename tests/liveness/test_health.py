@@ -106,11 +106,12 @@ def test_dead_server_is_dead_after_exactly_n_rounds(standin, make_health, failur
     assert not alive
     reasons = [[r.reason for r in one] for one in rounds]
     assert len(reasons) == failures_before_dead
-    # A connection caught in the server's last moments may be reset ("error"); once it is
-    # gone, the port refuses.
+    # A connection caught in the server's last moments is reset ("error": seen for the only
+    # round of n=1 under load, twice in ~6 full runs); once it is gone, the port refuses.
     details = [[r.detail for r in one] for one in rounds]
-    assert reasons[-1] == ["refused"], details
     assert all(one in (["refused"], ["error"]) for one in reasons), details
+    resets = [d for one, ds in zip(reasons, details, strict=True) if one == ["error"] for d in ds]
+    assert all("Connection reset by peer" in d for d in resets), details
     interval_total = (failures_before_dead - 1) * 0.1
     assert interval_total <= seconds < interval_total + MARGIN, rounds
 
