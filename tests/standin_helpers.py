@@ -569,7 +569,14 @@ def check_busy(target: Target) -> None:
     second: Stream | None = None
     try:
         wait_streaming(first, timeout=BUSY_WAIT)
-        second = Stream(f"{target.url}/chat/completions", long_request(target, max_tokens=2))
+        # The second hears nothing until the first is gone, and the checks below may take their
+        # three waits in all on a slow machine (CI's took 295 s once; at a 120 s read timeout the
+        # queued request gave up before the first was left).
+        second = Stream(
+            f"{target.url}/chat/completions",
+            long_request(target, max_tokens=2),
+            read_timeout=4 * BUSY_WAIT,
+        )
         seen: dict[str, float] = {}
 
         def waiting() -> bool:
@@ -591,7 +598,7 @@ def check_busy(target: Target) -> None:
         assert not first.done.is_set(), (
             f"the long generation ended before the checks: {first.error}"
         )
-        assert not second.done.is_set()
+        assert not second.done.is_set(), f"the queued request ended: {second.error!r}"
         assert first.leave().error is None
         assert second.wait(BUSY_WAIT).error is None and second.data()[-1] == "[DONE]"
     finally:
