@@ -22,6 +22,7 @@ from pathlib import Path
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import ExitCode
 from ralph_runner.loop.state import Store, move
+from ralph_runner.workspace import status_file
 
 STATUS = "crashed"
 SAYS_CAUSE = "ralph-run: internal error: "  # the lines `report` prints (`top` reads them)
@@ -117,7 +118,7 @@ def _mark_crashed(cause: str) -> None:
             store.save(state)
         if state.status != STATUS:
             return  # it crashed before the run began: that status still says what happened
-        status = store.read_status() or {}
+        status = store.read_status() or status_file.parse({}, str(store.status_path))
         store.write_status({**status, "status": STATUS, "running": False, "crash": cause})
     except Exception as err:  # a crash in the crash handler must not hide the first one
         print(f"ralph-run: warning: status not saved as crashed: {err}", file=sys.stderr)

@@ -186,11 +186,12 @@ def _chaos(workspace: Path, standin: Path) -> None:
     pending = dict(CHAOS)
     stop = threading.Event()
     while pending and not stop.wait(0.05):
-        status = store.read_status() or {}
-        iteration = status.get("iteration") or 0
-        if iteration in pending and status.get("phase") == AGENT_STEP:
-            (standin / "control.json").write_text(json.dumps(pending.pop(iteration)))
-        if not status.get("running", True):
+        status = store.read_status()
+        if status is None:  # the loop has not written it yet
+            continue
+        if status["iteration"] in pending and status["phase"] == AGENT_STEP:
+            (standin / "control.json").write_text(json.dumps(pending.pop(status["iteration"])))
+        if not status["running"]:
             return
 
 

@@ -35,10 +35,10 @@ def control_main(args: argparse.Namespace, action: str) -> int:
                 print(f"{row['host']}: {row['workdir']}: {said}")
         return ExitCode.PARTIAL if any("error" in row for row in rows) else 0
     workdir = status.workdir_of(args.target or ".")
-    found = state.Store(workdir).read_status() or {} if workdir.is_dir() else {}
-    running = bool(found.get("running")) and status.pid_alive(found.get("pid"))
+    found = state.Store(workdir).read_status() if workdir.is_dir() else None
+    running = found is not None and found["running"] and status.pid_alive(found["pid"])
     if action == "pause":
-        said = _pause(workdir, now, running, bool(found.get("paused")))
+        said = _pause(workdir, now, running, found is not None and found["paused"])
     else:
         said = "resumed" if pause.release(workdir) else "not paused"
     if args.json:

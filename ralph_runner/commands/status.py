@@ -21,6 +21,22 @@ from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
 from ralph_runner.runbook import plan
 from ralph_runner.workspace.state_files import STATE_DIR
+from ralph_runner.workspace.status_file import (
+    AgentBroken,
+    HangBound,
+    LastDeath,
+    LastStart,
+    Limited,
+    Pause,
+    Status,
+)
+
+
+class Shown(Status):
+    """The status as this command shows it: `running` checked against the pid, and whether a
+    pause request outlived its loop."""
+
+    pause_left: bool
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,13 +50,14 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.PARTIAL
-    status["running"] = bool(status.get("running")) and pid_alive(status.get("pid"))
+    running = status["running"] and pid_alive(status["pid"])
     # a pause left on a loop that is not running: the next run waits before its first iteration
-    status["pause_left"] = not status["running"] and pause.control_path(workdir).exists()
+    pause_left = not running and pause.control_path(workdir).exists()
+    shown: Shown = {**status, "running": running, "pause_left": pause_left}
     if args.json:
-        print(json.dumps(status, ensure_ascii=False, sort_keys=True))
+        print(json.dumps(shown, ensure_ascii=False, sort_keys=True))
     else:
-        print("\n".join(human_lines(status)))
+        print("\n".join(human_lines(shown)))
     return 0
 
 
@@ -63,39 +80,39 @@ def workdir_of(target: str) -> Path:
     return path.resolve()
 
 
-def human_lines(status: dict[str, Any]) -> list[str]:
-    pid = status.get("pid")
+def human_lines(status: Shown) -> list[str]:
+    pid = status["pid"]
     if status["running"]:
         state_text = f"running (pid {pid})"
-    elif status.get("status") == "running":
+    elif status["status"] == "running":
         state_text = f"not running: pid {pid} is gone (killed?); run it again to resume"
     else:
-        state_text = f"not running ({status.get('status', 'unknown')})"
-    item = status.get("item")
-    phase = status.get("phase")
+        state_text = f"not running ({status['status'] or 'unknown'})"
+    item = status["item"]
+    phase = status["phase"]
     lines = [
-        f"workdir:    {status.get('workdir', '?')}",
+        f"workdir:    {status['workdir'] or '?'}",
         f"status:     {state_text}",
-        f"iterations: {status.get('iteration', 0)}",
+        f"iterations: {status['iteration']}",
         _checklist(status),
-        f"deaths:     {status.get('deaths', 0)}" + _last_death(status.get("last_death")),
-        *_last_start(status.get("last_start")),
+        f"deaths:     {status['deaths']}" + _last_death(status["last_death"]),
+        *_last_start(status["last_start"]),
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
-    lines.extend(_pause(status) if status["running"] else _pause_left(status))
-    if status.get("failure"):  # why the run failed (exit 2): what its console said
+    lines.extend(_pause(status["pause"]) if status["running"] else _pause_left(status))
+    if status["failure"]:  # why the run failed (exit 2): what its console said
         lines.append(f"error:      {status['failure']}")
-    lines.extend(_agent_broken(status.get("agent_broken")))
-    lines.extend(_limited(status.get("limited")))
-    lines.extend(_hang_bound(status.get("hang_bound")) if status["running"] else [])
-    if isinstance(status.get("updated"), int | float):
+    lines.extend(_agent_broken(status["agent_broken"]))
+    lines.extend(_limited(status["limited"]))
+    lines.extend(_hang_bound(status["hang_bound"]) if status["running"] else [])
+    if status["updated"]:  # 0: a file without it
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
     return lines
 
 
-def _checklist(status: dict[str, Any]) -> str:
+def _checklist(status: Status) -> str:
     if "done" not in status:  # the run failed before it could read the checklist
         return "checklist:  not read"
     return (
@@ -104,32 +121,31 @@ def _checklist(status: dict[str, Any]) -> str:
     )
 
 
-def _hang_bound(bound: Any) -> list[str]:
+def _hang_bound(bound: HangBound | None) -> list[str]:
     """The hang bound the progress probe computed last (docs: hangs, "The hang bound")."""
-    if not isinstance(bound, dict) or not isinstance(bound.get("seconds"), int | float):
+    if bound is None:
         return []
-    return [f"hang bound: {bound['seconds']:g} s without an engine step ({bound.get('why', '?')})"]
+    return [f"hang bound: {bound['seconds']:g} s without an engine step ({bound['why'] or '?'})"]
 
 
-def _pause(status: dict[str, Any]) -> list[str]:
+def _pause(pause: Pause | None) -> list[str]:
     """`ralph-run pause`: waiting, or about to (the step in hand finishes first)."""
-    pause = status.get("pause")
-    if not isinstance(pause, dict):
+    if pause is None:
         return []
-    if pause.get("state") == "paused" and isinstance(pause.get("since"), int | float):
+    if pause["state"] == "paused" and pause["since"] is not None:
         since = datetime.fromtimestamp(pause["since"]).astimezone().isoformat(timespec="seconds")
-        killed = f", {pause['killed_step']} stopped" if pause.get("killed_step") else ""
+        killed = f", {pause['killed_step']} stopped" if pause["killed_step"] else ""
         steps = _block(pause, "pause")
         return [f"pause:      paused since {since}{killed}{steps} (`ralph-run resume` goes on)"]
-    if pause.get("state") == "resuming":
+    if pause["state"] == "resuming":
         return [f"pause:      resuming{_block(pause, 'resume')}"]
-    when = "stopping the step now" if pause.get("now") else "after the iteration in hand"
+    when = "stopping the step now" if pause["now"] else "after the iteration in hand"
     return [f"pause:      pausing {when}"]
 
 
-def _pause_left(status: dict[str, Any]) -> list[str]:
+def _pause_left(status: Shown) -> list[str]:
     """`.ralph/pause` left behind by a loop that ended (or was stopped) while paused."""
-    if not status.get("pause_left"):
+    if not status["pause_left"]:
         return []
     return [
         "pause:      paused (the loop is not running): the next run waits before its first "
@@ -137,53 +153,49 @@ def _pause_left(status: dict[str, Any]) -> list[str]:
     ]
 
 
-def _block(pause: dict[str, Any], which: str) -> str:
+def _block(pause: Pause, which: str) -> str:
     """The runbook's `pause:` (or `resume:`) block: " (pause steps done)", or why it failed."""
-    steps = pause.get("steps")
-    if steps not in ("running", "done", "failed"):
+    steps = pause["steps"]
+    if steps is None:
         return ""  # the runbook has none
     if steps == "failed":
-        return f" ({which} steps failed: {pause.get('steps_error')})"
+        return f" ({which} steps failed: {pause['steps_error']})"
     return f" ({which} steps {steps})"
 
 
-def _limited(limited: Any) -> list[str]:
+def _limited(limited: Limited | None) -> list[str]:
     """The agent's usage limit the loop waits for, or the one that stopped it (exit 7)."""
-    if not isinstance(limited, dict) or not isinstance(limited.get("until"), int | float):
+    if limited is None:
         return []
     until = datetime.fromtimestamp(limited["until"]).astimezone().isoformat(timespec="seconds")
-    return [f"limited:    until {until} ({limited.get('source')}: {limited.get('line')})"]
+    return [f"limited:    until {until} ({limited['source']}: {limited['line']})"]
 
 
-def _agent_broken(broken: Any) -> list[str]:
+def _agent_broken(broken: AgentBroken | None) -> list[str]:
     """Why the loop stopped with exit 6, and the items it skipped before it saw it."""
-    if not isinstance(broken, dict):
+    if broken is None:
         return []
-    items = " and ".join(repr(i) for i in broken.get("items") or [])
-    lines = [f"agent:      broken: {broken.get('reason')} (the same failure on {items})"]
-    skipped = broken.get("skipped") or []
+    items = " and ".join(repr(i) for i in broken["items"])
+    lines = [f"agent:      broken: {broken['reason']} (the same failure on {items})"]
+    skipped = broken["skipped"]
     if skipped:
         names = ", ".join(repr(i) for i in skipped)
         lines.append(f"skipped:    {names} (while the agent was broken; '- [ ]' retries them)")
     return lines
 
 
-def _last_start(start: Any) -> list[str]:
+def _last_start(start: LastStart | None) -> list[str]:
     """The service was not running at the run's first check and the loop started it."""
-    if not isinstance(start, dict):
+    if start is None:
         return []
-    done = (
-        f"in {start.get('seconds')} s"
-        if start.get("recovered")
-        else f"failed: {start.get('reason')}"
-    )
-    return [f"started:    the service was not running at {start.get('time')}: started {done}"]
+    done = f"in {start['seconds']} s" if start["recovered"] else f"failed: {start['reason']}"
+    return [f"started:    the service was not running at {start['time']}: started {done}"]
 
 
-def _last_death(death: Any) -> str:
-    if not isinstance(death, dict):
+def _last_death(death: LastDeath | None) -> str:
+    if death is None:
         return ""
-    return f" (last: {death.get('time', '?')} at {death.get('phase', '?')}: {death.get('reason')})"
+    return f" (last: {death['time'] or '?'} at {death['phase'] or '?'}: {death['reason']})"
 
 
 def pid_alive(pid: Any) -> bool:

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import ExitCode, FatalError, Problem
+from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import STATE_DIR
+from ralph_runner.workspace.status_file import Status
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
@@ -161,7 +163,7 @@ class Store:
         self.workdir = Path(workdir)
         self.dir = self.workdir / STATE_DIR
         self.state_path = self.dir / "state.json"
-        self.status_path = self.dir / "status.json"
+        self.status_path = status_file.path(self.workdir)
         self.lock_path = self.dir / "lock"
         self._durable: dict[str, Any] | None = None  # the state as last fsynced, less VOLATILE
 
@@ -186,16 +188,12 @@ class Store:
         if durable:
             self._durable = lasting
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        """A snapshot that a cron job or a person can read without parsing logs. Only a view of
-        the state: replaced atomically, not fsynced (it is rewritten at every step)."""
-        self._write_json(self.status_path, status, durable=False)
+    def write_status(self, status: Status) -> None:
+        """A snapshot that a cron job or a person can read without parsing logs (status_file)."""
+        status_file.write(self.workdir, status, self.redactor)
 
-    def read_status(self) -> dict[str, Any] | None:
-        data = self._read_json(self.status_path)
-        if data is not None and not isinstance(data, dict):
-            raise self._corrupt(self.status_path, "expected a JSON object")
-        return data
+    def read_status(self) -> Status | None:
+        return status_file.read(self.workdir)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
