@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ralph_runner import cli
-from ralph_runner.process import execute
+from ralph_runner.process import execute, registry
 
 
 class _Process:
@@ -40,7 +40,7 @@ class _Command:
 
 def _start(program, args, cwd, env, stdin, lifeline, output):
     source = subprocess.PIPE if stdin is not None else lifeline[0] if lifeline else None
-    with execute._registry_lock:
+    with registry.lock:
         popen = subprocess.Popen(
             [program, *args],
             cwd=cwd,
@@ -53,9 +53,8 @@ def _start(program, args, cwd, env, stdin, lifeline, output):
         if stdin is not None and popen.stdin is not None:
             popen.stdin.write(stdin.encode())
             popen.stdin.close()
-        running = execute._Running(_Command(popen))  # type: ignore[arg-type]
-        execute._running[running.pid] = running
-        execute._changed()
+        running = registry.add(_Command(popen))  # type: ignore[arg-type]
+        registry.changed()
     return running
 
 

@@ -15,8 +15,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ralph_runner.plugins.fields import Regex
-from ralph_runner.probes import ProbeContext
-from ralph_runner.process.execute import lineage
+from ralph_runner.probes import ProbeContext, Verdict
+from ralph_runner.process.kill import lineage
 
 KIND = "process"
 
@@ -95,13 +95,13 @@ def candidates(params: Params) -> list[psutil.Process]:
         raise NoProcess("refused", f"pid {pid} from {params.pidfile} is not running") from None
 
 
-def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+def check(params: Params, ctx: ProbeContext) -> Verdict:
     try:
         found = candidates(params)
     except NoProcess as missing:
         reason, detail = missing.args
-        return False, reason, detail
+        return Verdict(False, reason, detail)
     for process in found:
         if matches(process, params):
-            return True, None, f"pid {process.pid} ({name_of(process)}) is running"
-    return False, "refused", f"no live process with {params.wanted()}"
+            return Verdict(True, None, f"pid {process.pid} ({name_of(process)}) is running")
+    return Verdict(False, "refused", f"no live process with {params.wanted()}")

@@ -14,7 +14,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ralph_runner.process import execute, tree_guard
+from ralph_runner.process import registry, tree_guard
+from ralph_runner.process.kill import kill_tree
 
 FILE = "running.json"
 
@@ -28,11 +29,11 @@ def recorded(state_dir: Path) -> Iterator[None]:
         record: _Record | None = _Record(path)
     except OSError:  # best effort: the tree guard remains
         record = None
-    execute.on_running_change(record.write if record else None)
+    registry.on_running_change(record.write if record else None)
     try:
         yield
     finally:
-        execute.on_running_change(None)
+        registry.on_running_change(None)
         if record is not None:
             record.close()
             path.unlink(missing_ok=True)
@@ -47,7 +48,7 @@ def clear(path: Path) -> None:
     for entry in entries if isinstance(entries, list) else []:
         pid = entry.get("pid") if isinstance(entry, dict) else None
         if isinstance(pid, int) and pid > 0 and tree_guard.start_time(pid) == entry.get("started"):
-            execute.kill_tree(pid)
+            kill_tree(pid)
 
 
 class _Record:

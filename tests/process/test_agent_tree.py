@@ -22,7 +22,7 @@ import yaml
 from standin_helpers import alive, cmdline_of, wait_for
 from test_loop import Loop, marked
 
-from ralph_runner.process import execute
+from ralph_runner.process import execute, tree_guard_pipe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +186,7 @@ def test_the_tree_guard_kills_registered_trees_when_its_pipe_closes(tmp_path):
 
 def test_commands_still_run_when_the_tree_guard_is_gone():
     with execute.tree_guard():
-        dog = psutil.Process(execute._tree_guard.process.pid)
+        dog = psutil.Process(tree_guard_pipe.guard.process.pid)
         dog.kill()
         wait_for(lambda: not alive(dog), 5, "gone")
         results = [execute.shell("echo still here") for _ in range(2)]

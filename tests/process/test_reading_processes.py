@@ -14,7 +14,7 @@ import pytest
 from standin_helpers import alive, cmdline_of, live_children, wait_for
 
 from ralph_runner.probes import process as process_probe
-from ralph_runner.process import execute
+from ralph_runner.process import kill
 
 
 @pytest.fixture
@@ -52,10 +52,10 @@ def test_an_ancestor_that_ends_while_read_ends_the_walk(monkeypatch: pytest.Monk
         return real_ppid(self)
 
     monkeypatch.setattr(psutil.Process, "ppid", ppid)
-    assert execute.lineage() == {me, os.getppid()}
-    assert {me, os.getppid(), os.getpgrp()} <= execute._ourselves()
+    assert kill.lineage() == {me, os.getppid()}
+    assert {me, os.getppid(), os.getpgrp()} <= kill._ourselves()
     assert process_probe.ourselves() == {me, os.getppid()}
 
 
 def test_the_lineage_is_this_process_and_its_ancestors() -> None:
-    assert execute.lineage() == {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    assert kill.lineage() == {os.getpid(), *(p.pid for p in psutil.Process().parents())}

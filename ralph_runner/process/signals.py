@@ -1,0 +1,49 @@
+"""SIGINT and SIGTERM during a run: the commands' trees killed, then Interrupted raised in the
+main thread, so that the run saves its state on the way out."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from ralph_runner.errors import Interrupted
+from ralph_runner.process.kill import KILL_GRACE
+from ralph_runner.process.registry import kill_all
+
+
+class InterruptsRaise:
+    """SIGINT/SIGTERM: every running command's tree is killed (TERM, `grace` s, KILL), then
+    Interrupted is raised in the main thread, so `finally` blocks save state. `on_signal` runs
+    first (the fleet stops starting hosts).
+
+    A handler that happens to run inside a weakref callback or a `__del__` has its exception
+    dropped by Python ("Exception ignored in ..."); the interrupt is kept, and the loop raises it
+    again at its next step boundary (`raise_pending`)."""
+
+    def __init__(
+        self, grace: float = KILL_GRACE, on_signal: Callable[[], None] | None = None
+    ) -> None:
+        self.grace, self.on_signal = grace, on_signal
+        self.pending: Interrupted | None = None
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            raise self.pending
+
+    def __enter__(self) -> None:
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for signum in self.previous:
+            signal.signal(signum, self._raise)
+
+    def _raise(self, signum: int, frame: object) -> None:
+        for s in self.previous:  # a second signal must not interrupt the clean-up
+            signal.signal(s, signal.SIG_IGN)
+        if self.on_signal is not None:
+            self.on_signal()
+        kill_all(self.grace)
+        self.pending = Interrupted(signum)
+        raise self.pending
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
