@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from typing import Protocol
 
 from ralph_runner import crash
 from ralph_runner.errors import ExitCode, FatalError, Interrupted
@@ -72,48 +74,26 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def _plan_options(parser: argparse.ArgumentParser, command: str | None = None) -> None:
-    parser.add_argument("runbook", help="the runbook YAML file")
-    parser.add_argument("-i", "--inventory", help="Ansible YAML inventory (default: localhost)")
-    parser.add_argument("--limit", help="further limit the hosts with an Ansible pattern")
-    parser.add_argument(
-        "-e",
-        "--extra-vars",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra variables: KEY=VALUE, @file.yaml or JSON; highest precedence",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help={
-            "probe": "each probe's result as one JSON object per line",
-            "diagnose": "the report as one JSON object (the death record's fields)",
-        }.get(command or "", "one JSON event per line instead of the human view"),
-    )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="also show each step's output as it comes (the agent's, for one), secrets masked"
-        if command is None
-        else "accepted as the loop takes it; no effect here",
-    )
+class Runs(Protocol):
+    """A module of ralph_runner/commands that runs with the parsed arguments (check.py runs
+    with the run's: `--check`)."""
+
+    def main(self, args: argparse.Namespace) -> int: ...
 
 
-def _positive(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return number
+class Command(Runs, Protocol):
+    """A command: it declares its own options, as pip's commands do."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+
+def _command(name: str) -> Command:
+    """The module of a command, imported when it is asked for: only the one that runs."""
+    return importlib.import_module(f"ralph_runner.commands.{name}")
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser of a command, or of the run (`ralph-run RUNBOOK`) with no command."""
     if command is None:
         parser = argparse.ArgumentParser(
             prog="ralph-run",
@@ -122,119 +102,10 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-        _plan_options(parser)
-        parser.add_argument(
-            "--forks",
-            type=_positive,
-            default=5,
-            metavar="N",
-            help="with several hosts: at most N loops at once (default 5)",
-        )
-        parser.add_argument(
-            "--check",
-            action="store_true",
-            help="validate and print the rendered plan; run and write nothing",
-        )
+        _command("run").add_arguments(parser)
         return parser
-    parser = argparse.ArgumentParser(
-        prog=f"ralph-run {command}",
-        description=DESCRIPTIONS[command],
-    )
-    if command in ("probe", "diagnose"):
-        _plan_options(parser, command)
-    elif command == "status":
-        parser.add_argument(
-            "target",
-            nargs="?",
-            default=None,
-            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
-        )
-        parser.add_argument("-i", "--inventory", help="read every host's loop over its connection")
-        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
-        parser.add_argument(
-            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
-        )
-        parser.add_argument(
-            "--json", action="store_true", help="status.json as one JSON object (with -i: a list)"
-        )
-    elif command in ("pause", "resume"):
-        parser.add_argument(
-            "target",
-            nargs="?",
-            default=None,
-            help="workdir or runbook (default: .; with -i: each host's ralph_workdir)",
-        )
-        if command == "pause":
-            parser.add_argument(
-                "--now",
-                action="store_true",
-                help="stop the running step now (as SIGTERM does, no strike) instead of "
-                "letting the iteration finish",
-            )
-        parser.add_argument("-i", "--inventory", help="on every host, over its connection")
-        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
-        parser.add_argument(
-            "--timeout", type=float, default=10.0, help="with -i: seconds per host (default 10)"
-        )
-        parser.add_argument(
-            "--json",
-            action="store_true",
-            help="the answer as one JSON object: workdir, what was done, whether a loop runs "
-            "(with -i: one per host, in a list)",
-        )
-    elif command == "top":
-        parser.add_argument(
-            "targets",
-            nargs="*",
-            help="workdirs or runbooks (default: .; with -i: a directory template or runbook)",
-        )
-        parser.add_argument("-i", "--inventory", help="every host's loop, over its connection")
-        parser.add_argument("--limit", help="with -i: only the hosts of this Ansible pattern")
-        parser.add_argument(
-            "--timeout", type=float, default=5.0, help="with -i: seconds per host (default 5)"
-        )
-        parser.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
-    elif command in ("deaths", "report"):
-        parser.add_argument(
-            "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"
-        )
-        parser.add_argument("-i", "--inventory", help="a runbook's hosts: each one's records")
-        parser.add_argument(
-            "-e",
-            "--extra-vars",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a runbook's extra variables (KEY=VALUE, @file.yaml or JSON), to find its "
-            "hosts' workdirs and records as the run does",
-        )
-        if command == "deaths":
-            parser.add_argument("--json", action="store_true", help="the answers as one JSON")
-        else:
-            parser.add_argument(
-                "-o",
-                "--output",
-                default="report.html",
-                metavar="FILE",
-                help="the HTML file (default: report.html)",
-            )
-    elif command == "schema":
-        parser.add_argument(
-            "--markdown",
-            action="store_true",
-            help="a Markdown reference of every key instead (docs/reference.md is its output)",
-        )
-    elif command == "demo":
-        parser.add_argument(
-            "--dir",
-            default="demo-workspace",
-            help="the demo's throw-away workspace (default: demo-workspace): a new or empty "
-            "folder, or one an earlier demo made, whose contents it deletes; any other "
-            "folder is refused",
-        )
-        parser.add_argument(
-            "--json", action="store_true", help="the loop's events as JSON, one per line"
-        )
+    parser = argparse.ArgumentParser(prog=f"ralph-run {command}", description=DESCRIPTIONS[command])
+    _command(command).add_arguments(parser)
     return parser
 
 
@@ -253,15 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"ralph-run: error: argument {index} is not valid UTF-8: {shown}", file=sys.stderr
             )
             return 2
-    args = _parser(command).parse_args(argv[1:] if command else argv)
     try:
-        if command is None:
-            from ralph_runner.commands import check, run
-
-            code = (check if args.check else run).main(args)
-        else:
-            module = __import__(f"ralph_runner.commands.{command}", fromlist=["main"])
-            code = module.main(args)
+        args = _parser(command).parse_args(argv[1:] if command else argv)
+        module: Runs = _command(command) if command else _command("check" if args.check else "run")
+        code = module.main(args)
     except FatalError as exc:
         for problem in exc.problems:
             print(f"ralph-run: error: {crash.mask(str(problem))}", file=sys.stderr)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ralph_runner.commands import options
 from ralph_runner.deaths import stats, text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run deaths`'s options."""
+    options.records(parser)
+    parser.add_argument("--json", action="store_true", help="the answers as one JSON")
 
 
 def main(args: argparse.Namespace) -> int:

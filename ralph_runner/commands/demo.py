@@ -52,6 +52,20 @@ WHAT = {  # each fault, as the introduction tells it
 }
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run demo`'s options."""
+    parser.add_argument(
+        "--dir",
+        default="demo-workspace",
+        help="the demo's throw-away workspace (default: demo-workspace): a new or empty "
+        "folder, or one an earlier demo made, whose contents it deletes; any other "
+        "folder is refused",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="the loop's events as JSON, one per line"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     workspace = Path(args.dir).resolve()
     _make_workspace(workspace)

@@ -6,12 +6,22 @@ import argparse
 import json
 import time
 
+from ralph_runner.commands import options
 from ralph_runner.deaths import log as death_log
 from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.liveness import diagnostics
 from ralph_runner.liveness.service import iso_time
 from ralph_runner.runbook import plan
 from ralph_runner.workspace import checklist
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run diagnose`'s options."""
+    options.plan(
+        parser,
+        json_help="the report as one JSON object (the death record's fields)",
+        verbose_help="accepted as the loop takes it; no effect here",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

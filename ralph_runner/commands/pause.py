@@ -11,11 +11,23 @@ import argparse
 import json
 from pathlib import Path
 
-from ralph_runner.commands import status
+from ralph_runner.commands import options, status
 from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run pause`'s options."""
+    options.loop_target(parser)
+    parser.add_argument(
+        "--now",
+        action="store_true",
+        help="stop the running step now (as SIGTERM does, no strike) instead of letting the "
+        "iteration finish",
+    )
+    options.loop_control(parser)
 
 
 def main(args: argparse.Namespace) -> int:

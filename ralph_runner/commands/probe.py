@@ -6,10 +6,20 @@ import argparse
 import json
 from dataclasses import replace
 
+from ralph_runner.commands import options
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.runbook import plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run probe`'s options."""
+    options.plan(
+        parser,
+        json_help="each probe's result as one JSON object per line",
+        verbose_help="accepted as the loop takes it; no effect here",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -5,8 +5,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ralph_runner.commands import options
 from ralph_runner.deaths import html as html_report
 from ralph_runner.deaths import stats
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run report`'s options: those of `deaths`, and the page's file."""
+    options.records(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="report.html",
+        metavar="FILE",
+        help="the HTML file (default: report.html)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

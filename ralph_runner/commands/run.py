@@ -6,6 +6,7 @@ import argparse
 from typing import Any, Protocol
 
 from ralph_runner import crash
+from ralph_runner.commands import options
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import ExitCode, FatalError, Interrupted
 from ralph_runner.fleet import run as fleet
@@ -20,6 +21,28 @@ class Follower(Protocol):
     def __call__(self, kind: str, fields: dict[str, Any]) -> None: ...
 
     def close(self, code: int) -> None: ...
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run RUNBOOK`'s options (the top-level parser's; --check hands it to check.py)."""
+    options.plan(
+        parser,
+        json_help="one JSON event per line instead of the human view",
+        verbose_help="also show each step's output as it comes (the agent's, for one), secrets "
+        "masked",
+    )
+    parser.add_argument(
+        "--forks",
+        type=options.positive,
+        default=5,
+        metavar="N",
+        help="with several hosts: at most N loops at once (default 5)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate and print the rendered plan; run and write nothing",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

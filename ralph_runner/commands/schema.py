@@ -46,6 +46,15 @@ did-you-mean).
 """
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run schema`'s options."""
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="a Markdown reference of every key instead (docs/reference.md is its output)",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     root = described(schema.json_schema(), field_notes(schema.Runbook))
     if getattr(args, "markdown", False):

@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from ralph_runner.commands import options
 from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
@@ -37,6 +38,17 @@ class Shown(Status):
     pause request outlived its loop."""
 
     pause_left: bool
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run status`'s options."""
+    options.loop_target(parser)
+    options.each_host(
+        parser, inventory_help="read every host's loop over its connection", timeout=10.0
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="status.json as one JSON object (with -i: a list)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ralph_runner import crash
-from ralph_runner.commands import status
+from ralph_runner.commands import options, status
 from ralph_runner.commands import top_view as view
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import control
@@ -79,6 +79,17 @@ class Watch:
     failed: view.Snapshot | None = None  # the last read, when it got no answer
     asked: float | None = None  # monotonic time the read in flight began; None: none is
     first: float | None = None  # monotonic time of the first read
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ralph-run top`'s options."""
+    parser.add_argument(
+        "targets",
+        nargs="*",
+        help="workdirs or runbooks (default: .; with -i: a directory template or runbook)",
+    )
+    options.each_host(parser, inventory_help="every host's loop, over its connection", timeout=5.0)
+    parser.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
 
 
 def main(args: argparse.Namespace) -> int:
