@@ -33,7 +33,7 @@ import httpx
 from ralph_runner.actions import nvml
 from ralph_runner.durable import jsonl
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.plugins import network_errors
+from ralph_runner.plugins import network_errors, prometheus_text
 from ralph_runner.plugins.bounded_http import fetch
 from ralph_runner.process.connection import Connection
 
@@ -196,19 +196,8 @@ def parse_metrics(text: str, wanted: set[str]) -> dict[str, float]:
     """The wanted metrics of a Prometheus text page. Several series of one name (engines,
     models): a counter's are added up, a gauge's largest is kept."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        brace, space = line.find("{"), line.find(" ")
-        end = brace if 0 <= brace < space or (space < 0 <= brace) else space
-        name = line[:end]
-        if name not in wanted:
-            continue
-        rest = line[line.rfind("}") + 1 :] if brace == end else line[end:]
-        try:
-            value = float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
+    for sample in prometheus_text.samples(text, wanted):
+        name, value = sample.name, float(sample.value)
         if not math.isfinite(value):
             continue  # NaN / Inf: JSON cannot hold it, and it says nothing
         if name in values:

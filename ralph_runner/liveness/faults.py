@@ -8,7 +8,7 @@ console's death line and `ralph-run deaths`' table by class.
 
 from __future__ import annotations
 
-from ralph_runner.probes import ProbeResult
+from ralph_runner.probes import Finding, ProbeResult
 
 NOT_RUNNING = "not running"  # the first check of a run found nothing listening: a start
 GONE = "server gone"  # refused: nothing listens (the API server exited)
@@ -19,9 +19,11 @@ ASLEEP = "sleeping"  # vllm:engine_sleep_state: put to sleep, serves nothing
 WEDGED = "server not answering"  # a probe timed out: the API server itself is wedged
 RESTARTED = "restarted by someone else"  # a new server answered during the attempt
 OTHER = "other"
-CLASSES = (
-    GONE, DEAD, STALLED_WORK, STALLED_IDLE, ASLEEP, WEDGED, RESTARTED, OTHER,
-)  # fmt: skip
+STALLED: dict[Finding, str] = {  # a stalled probe's finding -> the class
+    "work-stalled": STALLED_WORK,
+    "idle-unanswered": STALLED_IDLE,
+    "asleep": ASLEEP,
+}
 
 
 def classify(results: list[ProbeResult]) -> tuple[str, str]:
@@ -34,12 +36,9 @@ def classify(results: list[ProbeResult]) -> tuple[str, str]:
         if reason in by_reason:
             return cls, _evidence(by_reason[reason])
     stalled = by_reason.get("stalled")
-    if stalled is not None:
-        if "asleep" in stalled.detail:
-            return ASLEEP, _evidence(stalled)
-        if "idle engine" in stalled.detail:
-            return STALLED_IDLE, _evidence(stalled)
-        return STALLED_WORK, _evidence(stalled)
+    if stalled is not None:  # the class from what the probe found (none said: work waiting)
+        found = STALLED[stalled.finding] if stalled.finding is not None else STALLED_WORK
+        return found, _evidence(stalled)
     if "timeout" in by_reason:
         return WEDGED, _evidence(by_reason["timeout"])
     return OTHER, _evidence(failing[0])

@@ -30,7 +30,17 @@ from pydantic import BaseModel
 
 from ralph_runner import probes
 from ralph_runner.plugins.fields import validate_rendered
-from ralph_runner.probes import Awaiting, ProbeContext, ProbeResult, no_answer, run_probe
+from ralph_runner.probes import (
+    Awaiting,
+    Memory,
+    ProbeContext,
+    ProbeResult,
+    Verdict,
+    memory_for,
+    no_answer,
+    progress,
+    run_probe,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -82,7 +92,7 @@ class Health:
         self._running: dict[int, _Check] = {}  # the latest check of each probe, maybe running
         self.last_round = time.monotonic()  # when a round last started (the watch keeps time)
         self._workers = [_Worker(f"probe {spec.name}") for spec in self.probes]
-        self._states: list[dict[str, Any]] = [{} for _ in self.probes]  # each probe's memory
+        self._memories = [memory_for(spec.kind) for spec in self.probes]  # each probe's own
 
     def round(self, iteration: int | None = None) -> list[ProbeResult]:
         """One round of the probes due at `iteration` (all of them when it is None)."""
@@ -134,16 +144,14 @@ class Health:
         """How often a probe saw another server answer than before (a new process start, or
         counters that went back), and the last evidence: the loop compares it across an
         attempt, so that a call a restart cut is no failure of the agent's."""
-        counts = [state.get("restarts", 0) for state in self._states]
-        evidence = [
-            state["restart_evidence"] for state in self._states if "restart_evidence" in state
-        ]
-        return sum(counts), (evidence[-1] if evidence else None)
+        memories = self._progress()
+        evidence = [m.restart_evidence for m in memories if m.restart_evidence is not None]
+        return sum(m.restarts for m in memories), (evidence[-1] if evidence else None)
 
     def waiting_since(self) -> float | None:
         """Since when (monotonic) the engine has had work and made no progress, by the probes
         that can tell (`progress`); None when it is idle or moving."""
-        times = [s["waiting_since"] for s in self._states if s.get("waiting_since") is not None]
+        times = [m.waiting_since for m in self._progress() if m.waiting_since is not None]
         return min(times) if times else None
 
     def stall_window(self) -> float:
@@ -156,11 +164,15 @@ class Health:
     def hang_bound(self) -> tuple[float, str] | None:
         """The progress probes' hang bound as their last checks computed it, and why (the
         longest of them); None before one was computed."""
-        bounds = [s["bound"] for s in self._states if s.get("bound") is not None]
+        bounds = [m.bound for m in self._progress() if m.bound is not None]
         if not bounds:
             return None
         longest = max(bounds, key=lambda b: b.seconds)
         return longest.seconds, longest.why
+
+    def _progress(self) -> list[progress.Memory]:
+        """The memories of the progress probes: what they saw of the engine's work."""
+        return [m for m in self._memories if isinstance(m, progress.Memory)]
 
     def close(self) -> None:
         for worker in self._workers:
@@ -197,10 +209,10 @@ class Health:
                 if now < running.deadline:
                     return running  # handed on: wait for it rather than queue behind it
                 detail = "still hung from an earlier round"
-                state = self._states[index]
-                return _Check(_ready(_timed_out(spec, state, detail, 0.0)), timeout, now)
-            state = self._states[index]
-            ctx = ProbeContext(self.client, self.connection, timeout, state, self.traffic)
+                memory = self._memories[index]
+                return _Check(_ready(_timed_out(spec, memory, detail, 0.0)), timeout, now)
+            memory = self._memories[index]
+            ctx = ProbeContext(self.client, self.connection, timeout, memory, self.traffic)
             check = _Check(self._workers[index].submit(spec, ctx), timeout, now + timeout + GRACE)
             self._running[index] = check
             return check
@@ -211,7 +223,7 @@ class Health:
         except TimeoutError:
             spec = self.probes[index]
             detail = f"no answer within {check.timeout:g}s (the check is still running)"
-            return _timed_out(spec, self._states[index], detail, check.timeout)
+            return _timed_out(spec, self._memories[index], detail, check.timeout)
 
 
 @dataclass
@@ -264,11 +276,17 @@ def _pause(seconds: float, cancel: threading.Event | None) -> bool:
     return (cancel or threading.Event()).wait(seconds)
 
 
-def _timed_out(spec: ProbeSpec, state: dict, detail: str, seconds: float) -> ProbeResult:
+def _timed_out(spec: ProbeSpec, memory: Memory, detail: str, seconds: float) -> ProbeResult:
     """The verdict on a check that did not answer in time (its kind may read it as busy)."""
-    ok, reason, detail = no_answer(spec.kind, spec.params, state, (False, "timeout", detail))
+    verdict = no_answer(spec.kind, spec.params, memory, Verdict(False, "timeout", detail))
     return ProbeResult(
-        name=spec.name, kind=spec.kind, ok=ok, reason=reason, detail=detail, seconds=seconds
+        name=spec.name,
+        kind=spec.kind,
+        ok=verdict.ok,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        seconds=seconds,
+        finding=verdict.finding,
     )
 
 

@@ -4,17 +4,18 @@ A module in this package is a probe kind when it defines:
 
     KIND: str                      # the key in a runbook's probe, e.g. "http"
     Params: type                   # what the key's value must be (pydantic validates it)
-    def check(params, ctx: ProbeContext) -> tuple[bool, str | None, str]   # ok, reason, detail
+    def check(params, ctx: ProbeContext) -> Verdict   # ok, reason, detail (, finding)
 
 `check` may raise: `run_probe` times every check and turns an exception into a failed result
 (`plugins/network_errors.py`), so one place decides what "refused" and "timeout" mean. A kind
 may also define
 
-    def unanswered(params, state) -> tuple[bool, str | None, str] | None
+    class Memory(probes.Memory)    # what it remembers between checks (`ctx.state`)
+    def unanswered(params, state: probes.Memory) -> Verdict | None
 
-what a check that did not answer in time means, from the probe's memory (`ctx.state`); None
-(or no such function) is an ordinary timeout. The progress probe says "busy" there while the
-work it saw last is within its stall window: a CPU-starved server answers /metrics late.
+what a check that did not answer in time means, from the probe's memory; None (or no such
+function) is an ordinary timeout. The progress probe says "busy" there while the work it saw
+last is within its stall window: a CPU-starved server answers /metrics late.
 
 Probes run on the controller: HTTP and TCP probes connect from here, and the process and gpu
 probes look at this machine; only the command probe runs on the host's connection.
@@ -24,10 +25,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import httpx
 
@@ -40,6 +41,21 @@ if TYPE_CHECKING:
 
 REASONS = ("refused", "timeout", "status", "body", "error", "stalled")
 EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail
+# What a "stalled" engine was found doing (the progress probe), so that a death's class is read
+# from data (liveness/faults.py), never from the detail's wording: requests active and no
+# engine step within the hang bound; idle, and our 1-token canary unanswered; put to sleep.
+Finding = Literal["work-stalled", "idle-unanswered", "asleep"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one check says: ok, or its reason (one of REASONS); the detail in words; what it
+    found, when the reason alone does not say (`stalled`)."""
+
+    ok: bool
+    reason: str | None
+    detail: str
+    finding: Finding | None = None
 
 
 class ProbeEntry(TypedDict):
@@ -55,7 +71,8 @@ class ProbeEntry(TypedDict):
 
 @dataclass
 class ProbeResult:
-    """One probe's verdict; `reason` is None when ok, else one of REASONS."""
+    """One probe's verdict; `reason` is None when ok, else one of REASONS; `finding` as the
+    Verdict's (not in the records: the death's class, made from it, is)."""
 
     name: str
     kind: str
@@ -63,6 +80,7 @@ class ProbeResult:
     reason: str | None
     detail: str
     seconds: float
+    finding: Finding | None = None
 
     def as_dict(self) -> ProbeEntry:
         return {
@@ -86,17 +104,28 @@ class Awaiting:
     expected: float | None  # s the largest should take to its first token; None: unmeasured
 
 
+class Memory:
+    """A probe's memory between checks. A kind that remembers subclasses it as its own
+    `Memory` (progress.Memory: its last counters, its hang bound), made by `memory_for`."""
+
+
+def memory_for(kind: str) -> Memory:
+    """A new memory for a probe of `kind`: the kind's own, or this empty one."""
+    made: Callable[[], Memory] = getattr(KINDS[kind], "Memory", Memory)
+    return made()
+
+
 @dataclass
 class ProbeContext:
     """What a check may use: one shared HTTP client (keep-alive), the host, the time limit,
-    and `state`: the probe's own memory between checks (the progress probe keeps its last
-    counters there). Each probe's checks run one at a time on its worker, which owns it.
-    `traffic`: what the loop's own requests wait for, when its agent proxy runs."""
+    and `state`: the probe's own memory between checks (`memory_for`). Each probe's checks run
+    one at a time on its worker, which owns it. `traffic`: what the loop's own requests wait
+    for, when its agent proxy runs."""
 
     client: httpx.Client
     connection: Connection
     timeout: float
-    state: dict[str, Any] = field(default_factory=dict)
+    state: Memory = field(default_factory=Memory)
     traffic: Callable[[], Awaiting | None] | None = None
 
 
@@ -128,32 +157,30 @@ def run_probe(name: str, kind: str, params: Any, ctx: ProbeContext) -> ProbeResu
     """Run one check; never raises (an unexpected exception is a failed result, reason error)."""
     started = time.monotonic()
     try:
-        ok, reason, detail = KINDS[kind].check(params, ctx)
+        verdict: Verdict = KINDS[kind].check(params, ctx)
     except Exception as exc:
-        ok, (reason, detail) = False, classify(exc, ctx.timeout)
-        if reason == "timeout":
-            ok, reason, detail = no_answer(kind, params, ctx.state, (ok, reason, detail))
+        verdict = Verdict(False, *classify(exc, ctx.timeout))
+        if verdict.reason == "timeout":
+            verdict = no_answer(kind, params, ctx.state, verdict)
     return ProbeResult(
         name=name,
         kind=kind,
-        ok=ok,
-        reason=None if ok else reason,
-        detail=detail,
+        ok=verdict.ok,
+        reason=None if verdict.ok else verdict.reason,
+        detail=verdict.detail,
         seconds=time.monotonic() - started,
+        finding=verdict.finding,
     )
 
 
-def no_answer(
-    kind: str, params: Any, state: dict[str, Any], timed_out: tuple[bool, str | None, str]
-) -> tuple[bool, str | None, str]:
+def no_answer(kind: str, params: Any, state: Memory, timed_out: Verdict) -> Verdict:
     """The verdict on a check that did not answer in time: the kind's own reading of it
     (`unanswered`), else `timed_out` as it is."""
     reading = getattr(KINDS[kind], "unanswered", None)
-    verdict = reading(params, state) if reading is not None else None
+    verdict: Verdict | None = reading(params, state) if reading is not None else None
     if verdict is None:
         return timed_out
-    ok, reason, detail = verdict
-    return ok, reason, f"{timed_out[2]}; {detail}"
+    return replace(verdict, detail=f"{timed_out.detail}; {verdict.detail}")
 
 
 KINDS: dict[str, ModuleType] = discovery.discover(

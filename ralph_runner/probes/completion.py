@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ralph_runner.plugins.fields import Templated
-from ralph_runner.probes import ProbeContext, excerpt, request
+from ralph_runner.probes import ProbeContext, Verdict, excerpt, request
 
 KIND = "completion"
 
@@ -22,7 +22,7 @@ class Params(BaseModel):
     headers: dict[str, str] = {}  # e.g. Authorization for a server started with --api-key
 
 
-def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+def check(params: Params, ctx: ProbeContext) -> Verdict:
     body = {
         "model": params.model,
         "messages": [{"role": "user", "content": params.prompt}],
@@ -31,11 +31,11 @@ def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
     url = f"{params.url.rstrip('/')}/chat/completions"
     response = request(ctx, "POST", url, json=body, headers=params.headers)
     if response.status_code != 200:
-        return False, "status", f"HTTP {response.status_code}: {excerpt(response.text)}"
+        return Verdict(False, "status", f"HTTP {response.status_code}: {excerpt(response.text)}")
     try:
         choices = response.json().get("choices")
     except (ValueError, AttributeError):
         choices = None
     if not isinstance(choices, list) or not choices:
-        return False, "body", f"HTTP 200 without choices: {excerpt(response.text)}"
-    return True, None, "HTTP 200, generated"
+        return Verdict(False, "body", f"HTTP 200 without choices: {excerpt(response.text)}")
+    return Verdict(True, None, "HTTP 200, generated")

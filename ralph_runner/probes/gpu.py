@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 from ralph_runner.plugins.fields import Templated
-from ralph_runner.probes import ProbeContext
+from ralph_runner.probes import ProbeContext, Verdict
 
 KIND = "gpu"
 MIB = 1024 * 1024
@@ -26,7 +26,7 @@ class Params(BaseModel):
     max_used_percent: Templated[Annotated[float, Field(ge=0, le=100)]] | None = None
 
 
-def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, str]:
+def verdict(params: Params, used: int, total: int) -> Verdict:
     free_mib, used_mib, total_mib = (total - used) // MIB, used // MIB, total // MIB
     percent = 100 * used / total if total else 0.0
     detail = f"GPU {params.index}: {used_mib} MiB used, {free_mib} MiB free of {total_mib} MiB"
@@ -34,30 +34,26 @@ def verdict(params: Params, used: int, total: int) -> tuple[bool, str | None, st
     # check() is given params already rendered: the limits are numbers, no templates
     assert not isinstance(min_free, str) and not isinstance(max_used, str)
     if min_free is not None and free_mib < min_free:
-        return False, "status", f"{detail} (want >= {min_free} MiB free)"
+        return Verdict(False, "status", f"{detail} (want >= {min_free} MiB free)")
     if max_used is not None and percent > max_used:
-        return (
-            False,
-            "status",
-            f"{detail} ({percent:.1f}% used, want <= {max_used:g}%)",
-        )
-    return True, None, detail
+        return Verdict(False, "status", f"{detail} ({percent:.1f}% used, want <= {max_used:g}%)")
+    return Verdict(True, None, detail)
 
 
-def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+def check(params: Params, ctx: ProbeContext) -> Verdict:
     try:
         import pynvml
     except ImportError as exc:
-        return False, "error", f"no NVIDIA driver ({exc})"
+        return Verdict(False, "error", f"no NVIDIA driver ({exc})")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return False, "error", f"no NVIDIA driver ({exc})"
+        return Verdict(False, "error", f"no NVIDIA driver ({exc})")
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(params.index)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         return verdict(params, memory.used, memory.total)
     except pynvml.NVMLError as exc:
-        return False, "error", f"GPU {params.index}: NVML: {exc}"
+        return Verdict(False, "error", f"GPU {params.index}: NVML: {exc}")
     finally:
         pynvml.nvmlShutdown()

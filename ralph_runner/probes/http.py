@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ralph_runner.plugins.fields import Templated
-from ralph_runner.probes import ProbeContext, excerpt, request
+from ralph_runner.probes import ProbeContext, Verdict, excerpt, request
 
 KIND = "http"
 
@@ -83,15 +83,15 @@ def json_mismatch(text: str, expected: dict[str, Any]) -> str | None:
     return None
 
 
-def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+def check(params: Params, ctx: ProbeContext) -> Verdict:
     response = request(ctx, params.method, params.url, headers=params.headers)
     text = response.text
     if response.status_code not in statuses(params.status):
-        return False, "status", f"HTTP {response.status_code}: {excerpt(text)}"
+        return Verdict(False, "status", f"HTTP {response.status_code}: {excerpt(text)}")
     if params.body_contains is not None and params.body_contains not in text:
-        return False, "body", f"body lacks {params.body_contains!r}: {excerpt(text)}"
+        return Verdict(False, "body", f"body lacks {params.body_contains!r}: {excerpt(text)}")
     if params.json_values:
         mismatch = json_mismatch(text, params.json_values)
         if mismatch:
-            return False, "body", mismatch
-    return True, None, f"HTTP {response.status_code}"
+            return Verdict(False, "body", mismatch)
+    return Verdict(True, None, f"HTTP {response.status_code}")

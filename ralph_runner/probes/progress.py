@@ -32,11 +32,12 @@ that went back, mean the server was restarted since the last check (by another l
 policy, systemd, a person). `restarts` in the probe's memory counts them, so that the loop can
 tell a failed agent call that a restart cut from a failure of the agent's own.
 
-The probe's memory lives in `ctx.state` (owned by the probe's worker, one check at a time):
+The probe's memory (`Memory`, in `ctx.state`, owned by the probe's worker, one check at a time):
 the last numbers, the steps learned (`pace`), the bound of the last check (`bound`), and since
 when work has waited without progress (None when idle): the later of the last progress seen and
 the first check that saw the work (or our unanswered canary sent, or the loop's own request
-sent). A hang at time H is thus timed from H + one check period at the latest.
+sent). A hang at time H is thus timed from H + one check period at the latest. A failed verdict
+says what it found (`finding`): work stalled, an idle engine unanswered, or an engine asleep.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
+from ralph_runner import probes
+from ralph_runner.plugins import prometheus_text
 from ralph_runner.plugins.fields import Templated
-from ralph_runner.probes import Awaiting, ProbeContext, excerpt, request
+from ralph_runner.probes import Awaiting, ProbeContext, Verdict, excerpt, request
 from ralph_runner.probes import completion as completion_probe
 
 KIND = "progress"
@@ -60,13 +64,11 @@ COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
 MOVING = ["vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]
 ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
 STARTED = "process_start_time_seconds"  # which server answered
-AWAKE = "vllm:engine_sleep_state{"  # its sample labelled sleep_state="awake" is 0 when asleep
+SLEEP_STATE = "vllm:engine_sleep_state"  # its sample labelled sleep_state="awake" is 0 asleep
 RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
 CONFIRM = 1.0  # s a canary waits once the bound has run out since the first unanswered one
 LEARN_WINDOW = 900.0  # s a measured step is remembered: an engine's pace is what it is now
 STEPS_KEPT = 256  # measured steps kept at most (the window's, the latest)
-
-Verdict = tuple[bool, str | None, str]
 
 
 class Stall(BaseModel):
@@ -156,16 +158,47 @@ class Bound:
     why: str
 
 
-def bound(params: Params, state: dict, now: float, awaiting: Awaiting | None) -> Bound:
+@dataclass
+class Memory(probes.Memory):
+    """The probe's memory between checks. The loop reads the first four (liveness/health.py):
+    the restarts seen and their last evidence, since when work has waited without progress
+    (None: idle or moving), the hang bound of the last check; the rest is the probe's own."""
+
+    restarts: int = 0
+    restart_evidence: str | None = None
+    waiting_since: float | None = None
+    bound: Bound | None = None
+    total: float | None = None  # the counters at the last check
+    motion: tuple[float | None, ...] | None = None  # ... and the moving gauges
+    active: float = 0.0  # ... and the requests active
+    started: float | None = None  # the server's process start at the last check
+    still_at: float | None = None  # the last check that saw the work still waiting
+    unanswered_since: float | None = None  # our first unanswered canary, while it lasts
+    answered: bool = False  # this server has answered a canary
+    pace: Pace = field(default_factory=Pace)
+    stepped: deque[float] = field(default_factory=lambda: deque(maxlen=4))  # latest steps seen
+    told_missing: set[str] = field(default_factory=set)  # names /metrics lacks, said once
+    traffic: Callable[[], Awaiting | None] | None = None  # for `unanswered`: no context there
+
+
+def memory_of(ctx: ProbeContext) -> Memory:
+    """The probe's memory in `ctx`; a context made without one (the idle watch's look at the
+    server, a test) gets a new one."""
+    if not isinstance(ctx.state, Memory):
+        ctx.state = Memory()
+    return ctx.state
+
+
+def bound(params: Params, memory: Memory, now: float, awaiting: Awaiting | None) -> Bound:
     """margin x (the slowest step seen, or what the loop's awaiting prompt should take),
-    within [floor, ceiling]. Kept in `state["bound"]` for status and the loop."""
+    within [floor, ceiling]. Kept in `memory.bound` for status and the loop."""
     stall = params.limits()
-    if awaiting is not None and sum(t > awaiting.latest for t in state.get("stepped", ())) >= 2:
+    if awaiting is not None and sum(t > awaiting.latest for t in memory.stepped) >= 2:
         awaiting = None  # its first step is over: the steps measured cover the rest
     if params.stall_after is not None:
         found = Bound(stall.floor, f"stall_after {stall.floor:g} s")
     else:
-        base = pace_of(state).slowest(now)
+        base = memory.pace.slowest(now)
         why = f"the slowest step seen, {base:.1f} s" if base else "no slow step seen"
         if awaiting is not None and awaiting.expected is None:
             base, why = math.inf, "a prompt of this loop awaits its first token, pace unmeasured"
@@ -175,91 +208,79 @@ def bound(params: Params, state: dict, now: float, awaiting: Awaiting | None) ->
         seconds = min(max(stall.margin * base, stall.floor), stall.ceiling)
         limits = f"floor {stall.floor:g}, ceiling {stall.ceiling:g}"
         found = Bound(seconds, f"{stall.margin:g} x {why}; {limits}")
-    state["bound"] = found
+    memory.bound = found
     return found
 
 
-def pace_of(state: dict) -> Pace:
-    pace = state.get("pace")
-    if not isinstance(pace, Pace):
-        pace = state["pace"] = Pace()
-    return pace
-
-
-def learn(state: dict, now: float) -> None:
+def learn(memory: Memory, now: float) -> None:
     """Something moved: the engine was seen without a step from the start of the wait to the
     last check that saw it still (a lower bound of the step: a fast engine measures 0)."""
-    stepped = state.get("stepped")
-    if not isinstance(stepped, deque):
-        stepped = state["stepped"] = deque(maxlen=4)  # the checks that saw the latest steps
-    stepped.append(now)
-    start = state.get("unanswered_since") or state.get("waiting_since")
-    still = state.pop("still_at", None)
+    memory.stepped.append(now)
+    start = memory.unanswered_since or memory.waiting_since
+    still, memory.still_at = memory.still_at, None
     if start is not None and still is not None and still > start:
-        pace_of(state).learn(still - start, now)
+        memory.pace.learn(still - start, now)
 
 
-def awaiting_of(ctx: ProbeContext) -> Awaiting | None:
-    ctx.state["traffic"] = ctx.traffic  # for `unanswered`, which gets no context
+def awaiting_of(ctx: ProbeContext, memory: Memory) -> Awaiting | None:
+    memory.traffic = ctx.traffic  # for `unanswered`, which gets no context
     return ctx.traffic() if ctx.traffic is not None else None
 
 
 def check(params: Params, ctx: ProbeContext) -> Verdict:
     deadline = time.monotonic() + ctx.timeout
+    memory = memory_of(ctx)
     seen = scrape(params, ctx)
     if not isinstance(seen, Scrape):
         return seen
-    state, now = ctx.state, time.monotonic()
-    awaiting = awaiting_of(ctx)
+    now = time.monotonic()
+    awaiting = awaiting_of(ctx, memory)
     # The loop's own request awaiting its first token is work the gauges may not show yet.
     active = seen.active or (awaiting.count if awaiting is not None else 0)
-    last, last_motion = state.get("total"), state.get("motion")
-    state["total"], state["motion"], state["active"] = seen.total, seen.motion, active
-    if restarted(state, seen, last):
-        state["waiting_since"] = None
-        state.pop("still_at", None)
-        state.pop("answered", None)  # a new server: it has answered nothing yet
+    last, last_motion = memory.total, memory.motion
+    memory.total, memory.motion, memory.active = seen.total, seen.motion, active
+    if restarted(memory, seen, last):
+        memory.waiting_since = memory.still_at = None
+        memory.answered = False  # a new server: it has answered nothing yet
     if seen.sleeping:
-        return (
-            False,
-            "stalled",
-            'the engine is asleep (vllm:engine_sleep_state{sleep_state="awake"} 0)',
-        )
+        detail = f'the engine is asleep ({SLEEP_STATE}{{sleep_state="awake"}} 0)'
+        return Verdict(False, "stalled", detail, "asleep")
     if last is not None and seen.total > last:
-        learn(state, now)
-        state["waiting_since"] = now if active > 0 else None
-        state.pop("unanswered_since", None)
+        learn(memory, now)
+        memory.waiting_since = now if active > 0 else None
+        memory.unanswered_since = None
         gained = seen.total - last
-        return True, None, f"progress: +{gained:g} tokens, {active:g} active{seen.note}"
+        return Verdict(True, None, f"progress: +{gained:g} tokens, {active:g} active{seen.note}")
     if last is None or seen.total < last:  # first look, or a new server: its counters restart
-        state["waiting_since"] = None
+        memory.waiting_since = None
     elif active > 0 and last_motion is not None and seen.motion != last_motion:
-        learn(state, now)
-        state["waiting_since"] = now  # a prefill chunk, a cache step: no token yet, but work
-        state.pop("unanswered_since", None)
-        return True, None, f"progress: the engine steps ({moved(params, last_motion, seen)})"
+        learn(memory, now)
+        memory.waiting_since = now  # a prefill chunk, a cache step: no token yet, but work
+        memory.unanswered_since = None
+        steps = moved(params, last_motion, seen)
+        return Verdict(True, None, f"progress: the engine steps ({steps})")
     if active > 0:
-        if state.get("waiting_since") is None and awaiting is not None and not seen.active:
-            state["waiting_since"] = awaiting.since  # the engine has had it since it was sent
-        state.pop("unanswered_since", None)  # work shows: its own stall clock runs
-        return without_tokens(params, state, active, seen.note, awaiting)
-    state["waiting_since"] = None
+        if memory.waiting_since is None and awaiting is not None and not seen.active:
+            memory.waiting_since = awaiting.since  # the engine has had it since it was sent
+        memory.unanswered_since = None  # work shows: its own stall clock runs
+        return without_tokens(params, memory, active, seen.note, awaiting)
+    memory.waiting_since = None
     if params.completion is None:
-        return True, None, f"idle: no request active{seen.note}"
+        return Verdict(True, None, f"idle: no request active{seen.note}")
     return canary(params, ctx, deadline, seen)
 
 
-def restarted(state: dict, seen: Scrape, last_total: float | None) -> bool:
+def restarted(memory: Memory, seen: Scrape, last_total: float | None) -> bool:
     """Another server answers than at the last check: count it in `restarts`, say why."""
-    before, state["started"] = state.get("started"), seen.started
+    before, memory.started = memory.started, seen.started
     if before is not None and seen.started is not None and seen.started != before:
         why = f"{STARTED} {before:.0f} -> {seen.started:.0f}"
     elif last_total is not None and seen.total < last_total:
         why = f"the counters went back ({last_total:g} -> {seen.total:g})"
     else:
         return False
-    state["restarts"] = state.get("restarts", 0) + 1
-    state["restart_evidence"] = why
+    memory.restarts += 1
+    memory.restart_evidence = why
     return True
 
 
@@ -271,68 +292,76 @@ def moved(params: Params, before: tuple[float | None, ...], seen: Scrape) -> str
 
 
 def without_tokens(
-    params: Params, state: dict, active: float, note: str = "", awaiting: Awaiting | None = None
+    params: Params,
+    memory: Memory,
+    active: float,
+    note: str = "",
+    awaiting: Awaiting | None = None,
 ) -> Verdict:
     """Requests active and no engine step: busy within the hang bound from when the work was
     first seen waiting (or the last step), then stalled."""
     now = time.monotonic()
-    if state.get("waiting_since") is None:
-        state["waiting_since"] = now
-    state["still_at"] = now
-    quiet = now - state["waiting_since"]
-    limit = bound(params, state, now, awaiting)
+    if memory.waiting_since is None:
+        memory.waiting_since = now
+    memory.still_at = now
+    quiet = now - memory.waiting_since
+    limit = bound(params, memory, now, awaiting)
     if quiet < limit.seconds:
         allowed = f" (bound {limit.seconds:.1f} s)"
-        return True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{allowed}{note}"
-    return (
+        return Verdict(
+            True, None, f"busy: {active:g} active, no token for {quiet:.1f} s{allowed}{note}"
+        )
+    return Verdict(
         False,
         "stalled",
         f"no token for {quiet:.1f} s while {active:g} request{'' if active == 1 else 's'} active"
         f" (bound {limit.seconds:.1f} s: {limit.why})",
+        "work-stalled",
     )
 
 
-def unanswered(params: Params, state: dict) -> Verdict | None:
+def unanswered(params: Params, state: probes.Memory) -> Verdict | None:
     """/metrics did not answer in time. With work active at its last answer, the server may be
     starved rather than hung (a CPU engine generating on two cores kept its API server from
     answering /metrics for over 10 s, measured): busy within the hang bound without progress,
     then stalled, as when it answers with numbers that stand still. Else an ordinary timeout."""
-    if not state.get("active"):
+    if not isinstance(state, Memory) or not state.active:
         return None
-    traffic = state.get("traffic")
-    return without_tokens(params, state, state["active"], awaiting=traffic() if traffic else None)
+    traffic = state.traffic
+    return without_tokens(params, state, state.active, awaiting=traffic() if traffic else None)
 
 
 def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
     """The idle engine must answer one token; if it does not, /metrics decides: busy or stalled.
     Once the bound has run out since the first unanswered canary, the next one (a confirming
     round's) waits CONFIRM s, not the whole timeout."""
+    memory = memory_of(ctx)
     within = max(deadline - time.monotonic() - reserve(ctx), reserve(ctx))
-    since = ctx.state.get("unanswered_since")
+    since = memory.unanswered_since
     if since is not None:
-        left = bound(params, ctx.state, time.monotonic(), None).seconds - (time.monotonic() - since)
+        left = bound(params, memory, time.monotonic(), None).seconds - (time.monotonic() - since)
         within = min(within, max(left, CONFIRM))
     assert params.completion is not None  # check() asks the canary only when there is one
     sent = time.monotonic()
     try:
-        ok, reason, detail = completion_probe.check(params.completion, replace(ctx, timeout=within))
+        answer = completion_probe.check(params.completion, replace(ctx, timeout=within))
     except httpx.TimeoutException:
         return canary_unanswered(params, ctx, deadline, before, (sent, within))
     took = time.monotonic() - sent
-    if not ok:
-        return False, reason, detail
+    if not answer.ok:
+        return answer
     after = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
     if not isinstance(after, Scrape):
         return after
-    ctx.state["total"] = after.total  # our canary's own tokens are no progress of the engine
-    ctx.state["motion"] = after.motion
-    ctx.state["answered"] = True
+    memory.total = after.total  # our canary's own tokens are no progress of the engine
+    memory.motion = after.motion
+    memory.answered = True
     if since is not None:  # it waited behind a step the gauges did not show: learn that step
-        ctx.state["still_at"] = sent
-        learn(ctx.state, time.monotonic())
-    ctx.state.pop("unanswered_since", None)
-    pace_of(ctx.state).learn(took, time.monotonic())
-    return True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}"
+        memory.still_at = sent
+        learn(memory, time.monotonic())
+    memory.unanswered_since = None
+    memory.pace.learn(took, time.monotonic())
+    return Verdict(True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}")
 
 
 def canary_unanswered(
@@ -346,34 +375,37 @@ def canary_unanswered(
     again = scrape(params, replace(ctx, timeout=max(deadline - time.monotonic(), reserve(ctx))))
     if not isinstance(again, Scrape):
         return again
-    state = ctx.state
-    state["total"], state["active"] = again.total, again.active
+    memory = memory_of(ctx)
+    memory.total, memory.active = again.total, again.active
     if again.total > before.total:  # our canary waits behind that work, so work is active
-        state["waiting_since"] = time.monotonic()
-        state.pop("unanswered_since", None)
+        memory.waiting_since = time.monotonic()
+        memory.unanswered_since = None
         gained = again.total - before.total
-        return True, None, f"busy: +{gained:g} tokens while our 1-token request waited"
-    state["waiting_since"] = sent
+        return Verdict(True, None, f"busy: +{gained:g} tokens while our 1-token request waited")
+    memory.waiting_since = sent
     if again.active > 1:  # our canary is at most one of them
-        return without_tokens(params, state, again.active)
+        return without_tokens(params, memory, again.active)
     unanswered = "idle engine did not answer a 1-token request within"
-    if not state.get("answered"):
-        return False, "stalled", f"{unanswered} {within:.1f} s"
+    if not memory.answered:
+        return Verdict(False, "stalled", f"{unanswered} {within:.1f} s", "idle-unanswered")
     now = time.monotonic()
-    quiet = now - state.setdefault("unanswered_since", sent)
-    state["still_at"] = now
-    limit = bound(params, state, now, None)
+    if memory.unanswered_since is None:
+        memory.unanswered_since = sent
+    quiet = now - memory.unanswered_since
+    memory.still_at = now
+    limit = bound(params, memory, now, None)
     if quiet < limit.seconds:  # an engine step under way that the gauges do not show yet?
-        return (
+        return Verdict(
             True,
             None,
             f"busy?: no answer to a 1-token request for {quiet:.1f} s, gauges idle"
             f" (bound {limit.seconds:.1f} s)",
         )
-    return (
+    return Verdict(
         False,
         "stalled",
         f"{unanswered} {quiet:.1f} s (bound {limit.seconds:.1f} s: {limit.why})",
+        "idle-unanswered",
     )
 
 
@@ -390,15 +422,19 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
     response = request(ctx, "GET", params.metrics)
     text = response.text
     if response.status_code != 200:
-        return False, "status", f"{params.metrics}: HTTP {response.status_code}: {excerpt(text)}"
-    counters = {name: metric_sum(text, name) for name in params.counters}
-    active = {name: metric_sum(text, name) for name in params.active}
-    for what, found in (("counters", counters), ("active gauges", active)):
-        if all(value is None for value in found.values()):
-            names = ", ".join(found)
-            return False, "body", f"{params.metrics} lacks all {what} {names}: {excerpt(text)}"
+        detail = f"{params.metrics}: HTTP {response.status_code}: {excerpt(text)}"
+        return Verdict(False, "status", detail)
+    names = [*params.counters, *params.active, *params.moving, STARTED]
+    found = prometheus_text.samples(text, [*sample_names(names), SLEEP_STATE])
+    sums = sums_of(found, names)
+    counters = {name: sums[name] for name in params.counters}
+    active = {name: sums[name] for name in params.active}
+    for what, values in (("counters", counters), ("active gauges", active)):
+        if all(value is None for value in values.values()):
+            detail = f"{params.metrics} lacks all {what} {', '.join(values)}: {excerpt(text)}"
+            return Verdict(False, "body", detail)
     missing = [name for name, value in {**counters, **active}.items() if value is None]
-    told = ctx.state.setdefault("told_missing", set())
+    told = memory_of(ctx).told_missing
     new = [name for name in missing if name not in told]
     told.update(new)
     note = f" (/metrics lacks {', '.join(new)}: left out)" if new else ""
@@ -406,75 +442,48 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
         sum(v or 0.0 for v in counters.values()),
         sum(v or 0.0 for v in active.values()),
         note,
-        motion=tuple(metric_sum(text, name) for name in params.moving),
-        started=metric_sum(text, STARTED),
-        sleeping=asleep(text),
+        motion=tuple(sums[name] for name in params.moving),
+        started=sums[STARTED],
+        sleeping=asleep(found),
     )
 
 
-def asleep(text: str) -> bool:
+def asleep(found: list[prometheus_text.Sample]) -> bool:
     """vLLM's sleep gauge: one sample per state; the one labelled "awake" is 0 while asleep."""
-    for line in text.splitlines() if AWAKE in text else ():
-        if line.startswith(AWAKE) and 'sleep_state="awake"' in line:
-            return sample_value(line, AWAKE[:-1]) == 0.0
+    for sample in found:
+        if sample.name == SLEEP_STATE and sample.labels.get("sleep_state") == "awake":
+            return sample.value == 0.0
     return False
 
 
+def sample_names(names: Iterable[str]) -> list[str]:
+    """The sample names a name stands for: itself, and `_total` (a counter's family name)."""
+    return [one for name in names for one in sample_names_of(name)]
+
+
+def sample_names_of(name: str) -> list[str]:
+    return [name] if name.endswith("_total") else [name, f"{name}_total"]
+
+
+def sums_of(found: list[prometheus_text.Sample], names: Iterable[str]) -> dict[str, float | None]:
+    """Each name's samples (`sample_names`) summed over their label sets, NaN left out; None
+    for a name /metrics lacks (`name_created` and other suffixes are other samples)."""
+    values: dict[str, list[float]] = {}
+    for sample in found:
+        values.setdefault(sample.name, []).append(sample.value)
+    sums: dict[str, float | None] = {}
+    for name in names:
+        mine = [value for one in sample_names_of(name) for value in values.get(one, [])]
+        sums[name] = sum(v for v in mine if not math.isnan(v)) if mine else None
+    return sums
+
+
+def metric_sums(text: str, names: Iterable[str]) -> dict[str, float | None]:
+    """Each of `names` summed over its label sets in Prometheus text (as `sums_of`)."""
+    names = list(names)
+    return sums_of(prometheus_text.samples(text, sample_names(names)), names)
+
+
 def metric_sum(text: str, name: str) -> float | None:
-    """The sum of `name`'s samples over all label sets in Prometheus text; None when absent.
-
-    A search for each sample line's start instead of a parse of every line: /metrics is mostly
-    histogram buckets, and it may be megabytes. `name` also matches `name_total` (a counter's
-    family name); `name_created` and other suffixes are other samples and never match.
-    """
-    names = [name] if name.endswith("_total") else [name, f"{name}_total"]
-    values = [value for one in names for value in samples(text, one)]
-    if not values:
-        return None
-    return sum(value for value in values if not math.isnan(value))
-
-
-def samples(text: str, name: str) -> list[float]:
-    """The values of every sample line of `name` (comments and other metrics skipped)."""
-    found = []
-    start = 0 if text.startswith(name) else text.find("\n" + name)
-    while start != -1:
-        begin = start + (text[start] == "\n")
-        end = text.find("\n", begin)
-        value = sample_value(text[begin : end if end != -1 else len(text)], name)
-        if value is not None:
-            found.append(value)
-        start = text.find("\n" + name, begin)
-    return found
-
-
-def sample_value(line: str, name: str) -> float | None:
-    """The value of one sample line, `name{labels} value [timestamp]`; None for another name."""
-    rest = line[len(name) :]
-    if rest.startswith("{"):
-        close = labels_end(rest)
-        if close == -1:
-            return None
-        rest = rest[close + 1 :]
-    elif not rest[:1].isspace():
-        return None  # another metric whose name starts with this one
-    fields = rest.split()
-    try:
-        return float(fields[0]) if fields else None
-    except ValueError:
-        return None
-
-
-def labels_end(rest: str) -> int:
-    """The index of the `}` closing a label set, honouring quoted values and escapes."""
-    quoted = escaped = False
-    for index, char in enumerate(rest):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char == "}" and not quoted:
-            return index
-    return -1
+    """The sum of `name`'s samples over all label sets in Prometheus text; None when absent."""
+    return metric_sums(text, [name])[name]

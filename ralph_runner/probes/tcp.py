@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ralph_runner.plugins.fields import Templated
 from ralph_runner.plugins.network_errors import classify
-from ralph_runner.probes import ProbeContext
+from ralph_runner.probes import ProbeContext, Verdict
 
 KIND = "tcp"
 
@@ -21,12 +21,12 @@ class Params(BaseModel):
     port: Templated[Annotated[int, Field(ge=1, le=65535)]]  # the TCP port
 
 
-def check(params: Params, ctx: ProbeContext) -> tuple[bool, str | None, str]:
+def check(params: Params, ctx: ProbeContext) -> Verdict:
     address = f"{params.host}:{params.port}"
     try:
         with socket.create_connection((params.host, params.port), timeout=ctx.timeout):
             pass
     except OSError as exc:
         reason, detail = classify(exc, ctx.timeout)
-        return False, reason, f"{address}: {detail}"
-    return True, None, f"{address}: connected"
+        return Verdict(False, reason, f"{address}: {detail}")
+    return Verdict(True, None, f"{address}: connected")

@@ -92,6 +92,7 @@ def test_parse_metrics_takes_the_wanted_series_only() -> None:
         # TYPE vllm:num_requests_running gauge
         vllm:num_requests_running{engine="0",model_name="m"} 3.0
         vllm:num_requests_running{engine="1",model_name="m"} 5.0
+        vllm:num_requests_running{engine=2} 9.0
         vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
         vllm:prompt_tokens_total{engine="1",model_name="m"} 20.0
         vllm:prompt_tokens_created{engine="0"} 1.7e9
@@ -108,7 +109,7 @@ def test_parse_metrics_takes_the_wanted_series_only() -> None:
         "vllm:num_preemptions_total",
     }
     assert parse_metrics(page, wanted) == {
-        "vllm:num_requests_running": 5.0,  # a gauge: the largest series
+        "vllm:num_requests_running": 5.0,  # a gauge: the largest series (a malformed one left out)
         "vllm:prompt_tokens_total": 120.0,  # a counter: the sum
         "vllm:kv_cache_usage_perc": 0.25,
     }

@@ -105,7 +105,7 @@ class Watcher:
         return next((t - start for t, r in self.results if t >= start and not r.ok), None)
 
     def bound(self) -> float:
-        found = self.ctx.state.get("bound")
+        found = progress.memory_of(self.ctx).bound
         return found.seconds if found is not None else 0.0
 
 
@@ -140,7 +140,7 @@ def test_slow_steps_are_learned_and_a_long_prompt_is_no_failure(standin, proxy):
         stream = agent_request(proxy.url, 5 * CHUNK).wait(60)
     assert stream.error is None and stream.status == 200
     assert watcher.failures() == [], watcher.failures()
-    learned = progress.pace_of(watcher.ctx.state).slowest(time.monotonic())
+    learned = progress.memory_of(watcher.ctx).pace.slowest(time.monotonic())
     assert STEP - 2 * PERIOD - SLACK <= learned <= STEP + SLACK, learned
     assert watcher.bound() >= MARGIN_X * (STEP - 2 * PERIOD - SLACK)
 
@@ -152,7 +152,7 @@ def test_a_step_slower_than_any_before_is_no_failure(standin, proxy):
         chunked(standin)
         agent_request(proxy.url, 10).wait()
         agent_request(proxy.url, 3 * CHUNK).wait(60)
-        assert progress.pace_of(watcher.ctx.state).slowest(time.monotonic()) >= STEP - SLACK
+        assert progress.memory_of(watcher.ctx).pace.slowest(time.monotonic()) >= STEP - SLACK
         chunked(standin, rate=RATE / 2)
         slower = agent_request(proxy.url, 3 * CHUNK).wait(60)
     assert slower.error is None and slower.status == 200
@@ -194,7 +194,7 @@ def test_a_hang_after_slow_steps_is_stalled_within_the_learned_bound(standin, pr
         chunked(standin)
         agent_request(proxy.url, 10).wait()
         agent_request(proxy.url, 20 * CHUNK)  # ends with the server (the fixture)
-        wait_for(lambda: progress.pace_of(watcher.ctx.state).slowest(time.monotonic()) > 1, 30)
+        wait_for(lambda: progress.memory_of(watcher.ctx).pace.slowest(time.monotonic()) > 1, 30)
         learned = watcher.bound()
         standin.admin("engine_hang").raise_for_status()
         hung = time.monotonic()

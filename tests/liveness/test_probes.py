@@ -453,13 +453,14 @@ def test_gpu_memory_thresholds():
     used, total = 88000 * 1024 * 1024, 98304 * 1024 * 1024
     figures = "GPU 0: 88000 MiB used, 10304 MiB free of 98304 MiB"
 
-    assert gpu.verdict(gpu.Params(min_free_mib=8000), used, total) == (True, None, figures)
-    assert gpu.verdict(gpu.Params(min_free_mib=20000), used, total) == (
+    passed = probes.Verdict(True, None, figures)
+    assert gpu.verdict(gpu.Params(min_free_mib=8000), used, total) == passed
+    assert gpu.verdict(gpu.Params(min_free_mib=20000), used, total) == probes.Verdict(
         False,
         "status",
         f"{figures} (want >= 20000 MiB free)",
     )
-    assert gpu.verdict(gpu.Params(max_used_percent=80), used, total) == (
+    assert gpu.verdict(gpu.Params(max_used_percent=80), used, total) == probes.Verdict(
         False,
         "status",
         f"{figures} (89.5% used, want <= 80%)",

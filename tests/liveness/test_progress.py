@@ -12,6 +12,7 @@ from engine_helpers import Engine
 from standin_helpers import free_port, wait_for
 
 from ralph_runner import probes
+from ralph_runner.plugins import prometheus_text
 from ralph_runner.probes import ProbeContext, ProbeResult, progress, run_probe
 from ralph_runner.process.connection import for_host
 
@@ -76,7 +77,7 @@ def test_idle_hang_is_stalled_within_the_timeout(engine, prober):
     started = time.monotonic()
     result = prober.check()
 
-    assert verdict(result) == (False, "stalled")
+    assert verdict(result) == (False, "stalled") and result.finding == "idle-unanswered"
     assert re.fullmatch(
         r"idle engine did not answer a 1-token request within \d+(\.\d+)? s( \(bound .*\))?",
         result.detail,
@@ -105,6 +106,7 @@ def test_an_engine_that_answered_gets_stall_after_before_an_unanswered_canary_is
     result = wait_for(failed, 10, "the hang to be stalled")
     waited = time.monotonic() - unanswered
     assert verdict(result) == (False, "stalled") and "did not answer a 1-token" in result.detail
+    assert result.finding == "idle-unanswered"
     # The grace is stall_after s, no less and not much more: the check that ends it waits out
     # its own canary (timeout s), and the check before it may have just begun (timeout s more).
     assert stall_after <= waited <= stall_after + 2 * timeout + MARGIN, waited
@@ -177,6 +179,7 @@ def test_hang_with_a_request_active_is_stalled_after_stall_after(engine, prober)
     assert results and all(r.detail.startswith("busy: 1 active, no token for") for r in results)
     assert (result.reason, result.detail[:13]) == ("stalled", "no token for ")
     assert "s while 1 request active (bound 0.6 s: stall_after 0.6 s)" in result.detail
+    assert result.finding == "work-stalled" and all(r.finding is None for r in results)
     assert stalled_at >= prober.params.stall_after
     assert engine.completions == 0  # requests active: no canary needed, none sent
 
@@ -198,6 +201,7 @@ def test_metrics_late_while_work_is_active_is_busy_until_stall_after(engine, cli
     while (result := prober.check()).ok:
         assert time.monotonic() - last_token_seen < prober.params.stall_after + 2 + MARGIN
     assert result.reason == "stalled" and "no token for" in result.detail, result.detail
+    assert result.finding == "work-stalled"  # found by the late check's own reading
 
     idle = Prober(client, params_for(engine))
     engine.metrics_delay, engine.running = 0.0, 0
@@ -302,3 +306,17 @@ def test_metric_sum_over_label_sets_ignoring_created_and_other_names():
     assert progress.metric_sum(text, "vllm:num_requests_running") == 2.0
     assert progress.metric_sum(text, "vllm:prompt_tokens_total") is None
     assert progress.metric_sum("vllm:x 1\n", "vllm:x") == 1.0  # the first line
+
+
+def test_malformed_lines_cost_their_own_samples_only():
+    """prometheus_client's parser refuses a malformed line: that sample is left out, the rest
+    of the page is read; a page with none of the counters is a "body" failure, not a crash."""
+    text = (
+        "vllm:generation_tokens_total{engine=0} 7\n"  # unquoted label value
+        'vllm:generation_tokens_total{engine="1" 7\n'  # unclosed label set
+        "vllm:generation_tokens_total many\n"  # no number
+        "vllm:generation_tokens_total\n"  # no value
+        'vllm:generation_tokens_total{engine="2"} 5\n'
+    )
+    assert progress.metric_sum(text, "vllm:generation_tokens_total") == 5.0
+    assert [s.value for s in prometheus_text.samples(text, ["vllm:x"])] == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from standin_helpers import cmdline_of, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,10 +57,12 @@ def tier_missing() -> str | None:
 
 
 def metric_sums(text: str) -> dict[str, float]:
-    """Each `vllm:` sample's value summed over its label sets."""
+    """Each `vllm:` sample's value summed over its label sets, as prometheus_client parses it."""
     sums: dict[str, float] = {}
-    for match in re.finditer(r"^(vllm:[a-z_]+)(?:\{.*\})?\s+(\S+)$", text, re.MULTILINE):
-        sums[match[1]] = sums.get(match[1], 0.0) + float(match[2])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:"):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     return sums
 
 
