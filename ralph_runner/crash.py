@@ -118,7 +118,7 @@ def _mark_crashed(cause: str) -> None:
             store.save(state)
         if state.status != STATUS:
             return  # it crashed before the run began: that status still says what happened
-        status = store.read_status() or status_file.parse({}, str(store.status_path))
+        status = store.read_status() or status_file.parse({}, store.status_path)
         store.write_status({**status, "status": STATUS, "running": False, "crash": cause})
     except Exception as err:  # a crash in the crash handler must not hide the first one
         print(f"ralph-run: warning: status not saved as crashed: {err}", file=sys.stderr)

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 from pydantic import BaseModel
 
@@ -54,7 +54,7 @@ class TaskResult:
     timed_out: bool = False
     cancelled: bool = False
     seconds: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)  # the action's own registered keys
     stalled: str | None = None  # killed by its idle_timeout: why (execute.Result.stalled)
 
     @classmethod
@@ -70,7 +70,8 @@ class TaskResult:
             stalled=result.stalled,
         )
 
-    def register(self) -> dict[str, Any]:
+    def register(self) -> dict[str, object]:
+        """The registered variable (`register:`), for the tasks' templates."""
         return {
             "rc": self.exit_code,
             "stdout": self.output,
@@ -105,7 +106,7 @@ class LoopRuntime(Protocol):
         """The work tree now (kept by the loop as what the next iteration starts from)."""
         ...
 
-    def ensure_alive(self, phase: str, context: dict[str, Any]) -> TaskResult:
+    def ensure_alive(self, phase: str, context: dict[str, object]) -> TaskResult:
         """Probe the service; if dead, capture, report and recover (or raise GaveUp)."""
         ...
 
@@ -114,7 +115,7 @@ class LoopRuntime(Protocol):
 class TaskContext:
     """Everything an action may use; actions render and spawn only through these."""
 
-    variables: Mapping[str, Any]
+    variables: Mapping[str, object]  # the task's variables, for its templates
     templar: Templar
     connection: Connection
     cwd: Path | None  # None on a remote host: its login directory
@@ -138,17 +139,29 @@ class TaskContext:
         data = self.templar.render_data(params.model_dump(), self.variables, where=self.where)
         return validate_rendered(type(params), data, self.where)
 
-    def process_options(self) -> dict[str, Any]:
+    def process_options(self) -> ProcessOptions:
         """The keywords of Connection.shell / .argv for this task."""
-        options = {
-            "cwd": self.cwd,
-            "env": self.env,
-            "timeout": self.timeout,
-            "max_output": self.max_output,
-            "cancel": self.cancel,
-            "on_output": self.on_output,
-        }
-        return {**options, "idle": self.idle} if self.idle is not None else options
+        return ProcessOptions(
+            cwd=self.cwd,
+            env=self.env,
+            timeout=self.timeout,
+            max_output=self.max_output,
+            cancel=self.cancel,
+            on_output=self.on_output,
+            idle=self.idle,
+        )
+
+
+class ProcessOptions(TypedDict):
+    """How a task's process runs: the keywords of Connection.shell and Connection.argv."""
+
+    cwd: Path | None
+    env: dict[str, str]
+    timeout: float | None
+    max_output: int
+    cancel: threading.Event | None
+    on_output: Callable[[str], None] | None
+    idle: IdleWatch | None
 
 
 KINDS: dict[str, ModuleType] = discovery.discover(

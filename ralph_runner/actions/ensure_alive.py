@@ -5,8 +5,6 @@ The work is the loop's (`ctx.loop().ensure_alive`): this module only names the s
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict
 
 from ralph_runner.actions import TaskContext, TaskResult
@@ -20,7 +18,7 @@ QUICK = True  # milliseconds on a healthy service: status.json is not rewritten 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
     phase: str = "check"  # the phase a death found here is recorded with, e.g. start, post-step
-    context: dict[str, Any] = {}  # extra facts recorded with a death found by this step
+    context: dict[str, object] = {}  # extra facts recorded with a death found by this step
 
 
 def describe(params: Params | None, ctx: TaskContext) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from typing import Any
+from typing import TypedDict
 
 import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -31,7 +31,7 @@ class Params(BaseModel):
     url: str  # where the request goes
     method: str = "GET"  # the HTTP method
     status: Templated[int] | list[int] = 200  # the status (or any of the statuses) that is success
-    body: str | dict[str, Any] | list[Any] | None = None  # a dict or list is sent as JSON
+    body: str | dict[str, object] | list[object] | None = None  # a dict or list is sent as JSON
     headers: dict[str, str] = {}  # request headers, e.g. Authorization
     lines: Regex | None = None  # keep only the lines of the body that match
 
@@ -59,7 +59,14 @@ def last_bytes(text: str, limit: int) -> tuple[str, int]:
     return data[cut:].decode(errors="ignore"), cut
 
 
-def payload(body: str | dict[str, Any] | list[Any] | None) -> dict[str, Any]:
+class Payload(TypedDict, total=False):
+    """The request's body, as httpx's keywords: text as it is, or data sent as JSON."""
+
+    content: str
+    json: dict[str, object] | list[object]
+
+
+def payload(body: str | dict[str, object] | list[object] | None) -> Payload:
     if body is None:
         return {}
     return {"content": body} if isinstance(body, str) else {"json": body}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 from pydantic import BaseModel, ConfigDict
@@ -40,7 +40,27 @@ def process_name(pid: int) -> str:
         return "?"  # gone, or in another pid namespace (a container)
 
 
-def gpu_facts(pynvml: Any, index: int) -> dict[str, Any]:
+class GpuProcess(TypedDict):
+    """A compute process on a GPU, as registered (`gpus[i].processes`)."""
+
+    pid: int
+    used_mib: int | None
+    name: str
+
+
+class GpuFacts(TypedDict):
+    """One GPU, as registered (`gpus[i]`) and reported; a field NVML cannot give is None."""
+
+    index: int
+    name: str | None
+    memory_used_mib: int | None
+    memory_free_mib: int | None
+    memory_total_mib: int | None
+    utilization_percent: int | None
+    processes: list[GpuProcess]
+
+
+def gpu_facts(pynvml: Any, index: int) -> GpuFacts:
     """One GPU's facts; a field NVML cannot give is None."""
 
     def read(call: Callable[[], Any]) -> Any:
@@ -71,11 +91,11 @@ def gpu_facts(pynvml: Any, index: int) -> dict[str, Any]:
     }
 
 
-def shown(value: Any, unit: str = "") -> str:
+def shown(value: object, unit: str = "") -> str:
     return "n/a" if value is None else f"{value}{unit}"
 
 
-def report(gpus: list[dict[str, Any]], driver: str | None) -> str:
+def report(gpus: list[GpuFacts], driver: str | None) -> str:
     lines = [f"NVIDIA driver {shown(driver)}, {len(gpus)} GPU(s)"]
     for gpu in gpus:
         lines.append(
@@ -92,7 +112,7 @@ def report(gpus: list[dict[str, Any]], driver: str | None) -> str:
     return "\n".join(lines)
 
 
-def snapshot() -> tuple[bool, str, dict[str, Any]]:
+def snapshot() -> tuple[bool, str, dict[str, object]]:
     """(ok, text, registered facts); NVML is always shut down again."""
     try:
         import pynvml

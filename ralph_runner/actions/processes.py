@@ -11,7 +11,7 @@ import contextlib
 import re
 import threading
 import time
-from typing import Any
+from typing import TypedDict
 
 import psutil
 from pydantic import BaseModel, ConfigDict, NonNegativeInt
@@ -39,14 +39,23 @@ def describe(params: Params, ctx: TaskContext) -> str:
     return f"list the {params.top} largest processes{matching}"
 
 
-def sample(cancel: threading.Event | None) -> list[dict[str, Any]]:
+class ProcessRow(TypedDict):
+    """One process, as listed and registered (`top`, `matches`)."""
+
+    pid: int
+    rss_mib: float
+    cpu_percent: float
+    command: str
+
+
+def sample(cancel: threading.Event | None) -> list[ProcessRow]:
     """Every process readable now: pid, rss MiB, cpu% over SAMPLE seconds, command line."""
     processes = list(psutil.process_iter(["pid", "name", "cmdline", "memory_info"]))
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             process.cpu_percent(None)
     (cancel or threading.Event()).wait(SAMPLE)
-    rows = []
+    rows: list[ProcessRow] = []
     for process in processes:
         try:
             cpu = process.cpu_percent(None)
@@ -66,7 +75,7 @@ def sample(cancel: threading.Event | None) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
+def table(rows: list[ProcessRow]) -> list[str]:
     if not rows:
         return ["  (none)"]
     cells = [
@@ -88,7 +97,7 @@ def run(params: Params, ctx: TaskContext) -> TaskResult:
     rows = sample(ctx.cancel)
     top = sorted(rows, key=lambda row: row["rss_mib"], reverse=True)[: params.top]
     lines = [f"top {len(top)} processes by memory:", *table(top)]
-    matches = []
+    matches: list[ProcessRow] = []
     if params.match:
         pattern = re.compile(params.match)
         matches = [row for row in rows if pattern.search(row["command"])]

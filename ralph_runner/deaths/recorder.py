@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 import httpx
 
@@ -48,7 +48,7 @@ FILE_POLL = 0.5  # seconds between looks at a followed file
 READ_SIZE = 1 << 20  # bytes per read of a followed file
 SCRAPE_TIMEOUT = 2.0  # seconds for one GET of /metrics
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GPU_FIELDS = ("index", "memory_used_mib", "memory_total_mib", "utilization_percent")
+GPU_FIELDS: Final = ("index", "memory_used_mib", "memory_total_mib", "utilization_percent")
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 
 

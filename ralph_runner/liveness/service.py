@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import DeathLog
@@ -27,6 +27,7 @@ from ralph_runner.liveness.health import Health
 from ralph_runner.probes import ProbeResult
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.plan import Plan
+from ralph_runner.workspace.status_file import LastDeath, LastStart
 
 
 class ServiceState(Protocol):
@@ -35,8 +36,8 @@ class ServiceState(Protocol):
 
     deaths: int
     death_times: list[float]
-    last_death: dict[str, Any] | None
-    last_start: dict[str, Any] | None
+    last_death: LastDeath | None
+    last_start: LastStart | None
 
 
 class Service:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ralph_runner.durable.redaction import Redactor
+from ralph_runner.loop.state import LastFailure
 from ralph_runner.output import step_ended
 from ralph_runner.process.output_text import clean, explaining_line, shorten
 
@@ -94,7 +95,7 @@ class Failure:
     output_tail: str
     signatures: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> LastFailure:
         return {
             "item": self.item,
             "reason": self.reason,

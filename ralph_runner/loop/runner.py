@@ -366,8 +366,13 @@ class Runner:
             margin=config.margin,
         )
         st = self.state
-        st.limited = {"item": item.text, "source": limit.source, "line": limit.evidence}
-        st.limited.update(reset_at=wait.reset_at, until=wait.until)
+        st.limited = {
+            "item": item.text,
+            "source": limit.source,
+            "line": limit.evidence,
+            "reset_at": wait.reset_at,
+            "until": wait.until,
+        }
         fields = {**st.limited, "reset": limits.when(wait.reset_at), "seconds": wait.seconds}
         fields.update(guessed=wait.guessed, ends_run=wait.ends_run)
         if wait.ends_run:
@@ -591,7 +596,7 @@ class Runner:
             "last_death": st.last_death,
             "last_start": st.last_start,
             "agent_broken": st.agent_broken,
-            "limited_until": (st.limited or {}).get("until"),
+            "limited_until": st.limited["until"] if st.limited else None,
             "limited": st.limited,
             "failure": st.error,  # why the run failed; "error" is a reader's (no status read)
             **pause.status_fields(self),  # paused, pause, step_started, attempts

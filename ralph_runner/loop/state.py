@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
-from ralph_runner.durable.files import write_atomic
+from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import ExitCode, FatalError, Problem
-from ralph_runner.workspace import status_file
-from ralph_runner.workspace.state_files import STATE_DIR
-from ralph_runner.workspace.status_file import Status
+from ralph_runner.workspace import json_records, status_file
+from ralph_runner.workspace.state_files import STATE_DIR, corrupt, read_json, write_json
+from ralph_runner.workspace.status_file import AgentBroken, LastDeath, LastStart, Limited, Status
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
@@ -55,6 +54,39 @@ STARTS_OVER = frozenset({"idle", "finished", "stopped", "gave-up", "agent-broken
 # What changes at every iteration and step: saved with a rename, fsynced with the rest only (a
 # power cut may set the iteration count back by the healthy iterations since).
 VOLATILE = frozenset({"iteration", "current_item", "phase"})
+STATE_LOST = "iteration count, strikes and deaths"  # what deleting state.json loses
+
+
+class LastFailure(TypedDict):
+    """The last failed attempt charged to an item (failures.Failure.as_dict)."""
+
+    item: str
+    reason: str
+    output_tail: str
+    signatures: list[str]  # what the broken-agent rule compares
+
+
+class StateRecord(TypedDict, total=False):
+    """state.json: State's fields as saved. A file from an older ralph-run may lack some (they
+    keep State's defaults); one from a newer ralph-run may have more (ignored)."""
+
+    iteration: int
+    run_from: int
+    strikes: dict[str, int]
+    deaths: int
+    death_times: list[float]
+    current_item: str | None
+    phase: str | None
+    pid: int | None
+    started: float | None
+    status: str
+    last_death: LastDeath | None
+    last_start: LastStart | None
+    last_failure: LastFailure | None
+    streak_skipped: list[str]
+    agent_broken: AgentBroken | None
+    limited: Limited | None
+    error: str | None
 
 
 @dataclass
@@ -71,36 +103,56 @@ class State:
     pid: int | None = None
     started: float | None = None  # epoch of the first start of this run
     status: str = "idle"  # one of STATUSES
-    last_death: dict[str, Any] | None = None  # {time, phase, item, reason}
-    last_start: dict[str, Any] | None = None  # the service was not running: {time, seconds, ...}
+    last_death: LastDeath | None = None
+    last_start: LastStart | None = None  # the service was not running and the loop started it
     # The broken-agent rule (failures.py): the last failed attempt, the items skipped while
     # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
-    last_failure: dict[str, Any] | None = None  # failures.Failure.as_dict()
+    last_failure: LastFailure | None = None
     streak_skipped: list[str] = field(default_factory=list)
-    agent_broken: dict[str, Any] | None = None  # {reason, output_tail, items, skipped}
-    # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7):
-    # {item, source, line, reset_at, until}; None once the wait is over or a run starts.
-    limited: dict[str, Any] | None = None
+    agent_broken: AgentBroken | None = None
+    # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7); None once
+    # the wait is over or a run starts.
+    limited: Limited | None = None
     # Why the run failed (status "failed", exit 2): the error as the console printed it; None
     # once a run starts. `ralph-run status` shows it.
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> StateRecord:
+        return {
+            "iteration": self.iteration,
+            "run_from": self.run_from,
+            "strikes": dict(self.strikes),
+            "deaths": self.deaths,
+            "death_times": list(self.death_times),
+            "current_item": self.current_item,
+            "phase": self.phase,
+            "pid": self.pid,
+            "started": self.started,
+            "status": self.status,
+            "last_death": self.last_death,
+            "last_start": self.last_start,
+            "last_failure": self.last_failure,
+            "streak_skipped": list(self.streak_skipped),
+            "agent_broken": self.agent_broken,
+            "limited": self.limited,
+            "error": self.error,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> State:
-        """Build a State from saved data; unknown keys are ignored (a newer ralph-run wrote them).
+    def from_dict(cls, data: JSON) -> State:
+        """Build a State from saved data; unknown keys are ignored (a newer ralph-run wrote them),
+        and a record that lacks a key (an older one did not write it) gets its default.
 
         Raises ValueError when a known key holds the wrong type.
         """
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        for name, value in known.items():
-            if not _VALID[name](value):
+        for name, hint in _FIELDS.items():
+            value = data.get(name)
+            if name in data and not (json_records.fits(hint, value) and _fits_more(name, value)):
                 raise ValueError(f"{name!r} has an invalid value: {value!r}")
-        return cls(**known)
+        known = {name: data[name] for name in _FIELDS if name in data}
+        return cls(**json_records.conformed(StateRecord, known))
 
 
 class IllegalTransition(RuntimeError):
@@ -114,33 +166,16 @@ def move(state: State, to: str) -> None:
     state.status = to
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_FIELDS = json_records.hints(StateRecord)  # each saved field's type, checked by from_dict
 
 
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, float)
-
-
-_VALID = {
-    "iteration": _is_int,
-    "strikes": lambda v: isinstance(v, dict) and all(_is_int(n) for n in v.values()),
-    "deaths": _is_int,
-    "death_times": lambda v: isinstance(v, list) and all(_is_number(t) for t in v),
-    "current_item": lambda v: v is None or isinstance(v, str),
-    "phase": lambda v: v is None or isinstance(v, str),
-    "pid": lambda v: v is None or _is_int(v),
-    "started": lambda v: v is None or _is_number(v),
-    "status": lambda v: v in STATUSES,
-    "last_death": lambda v: v is None or isinstance(v, dict),
-    "last_start": lambda v: v is None or isinstance(v, dict),
-    "last_failure": lambda v: v is None or isinstance(v, dict),
-    "run_from": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "streak_skipped": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
-    "agent_broken": lambda v: v is None or isinstance(v, dict),
-    "limited": lambda v: v is None or isinstance(v, dict),
-    "error": lambda v: v is None or isinstance(v, str),
-}
+def _fits_more(name: str, value: JSON) -> bool:
+    """What the types do not say: the status is one of STATUSES, run_from no negative count."""
+    if name == "status":
+        return value in STATUSES
+    if name == "run_from":
+        return isinstance(value, int) and value >= 0
+    return True
 
 
 class Store:
@@ -165,17 +200,17 @@ class Store:
         self.state_path = self.dir / "state.json"
         self.status_path = status_file.path(self.workdir)
         self.lock_path = self.dir / "lock"
-        self._durable: dict[str, Any] | None = None  # the state as last fsynced, less VOLATILE
+        self._durable: dict[str, object] | None = None  # the state last fsynced, less VOLATILE
 
     def load(self) -> State:
         """The saved state, or a fresh one when this workdir has never been run."""
-        data = self._read_json(self.state_path)
+        data = read_json(self.state_path, STATE_LOST)
         if data is None:
             return State()
         try:
             return State.from_dict(data)
         except ValueError as e:
-            raise self._corrupt(self.state_path, str(e)) from None
+            raise corrupt(self.state_path, str(e), STATE_LOST) from None
 
     def save(self, state: State) -> None:
         """Replace state.json atomically (a kill -9 loses nothing); fsync it only when more than
@@ -184,7 +219,7 @@ class Store:
         data = state.to_dict()
         lasting = {k: v for k, v in data.items() if k not in VOLATILE}
         durable = lasting != self._durable
-        self._write_json(self.state_path, data, durable=durable)
+        write_json(self.state_path, data, self.redactor, durable=durable)
         if durable:
             self._durable = lasting
 
@@ -231,37 +266,6 @@ class Store:
                 os.ftruncate(fd, 0)
         finally:
             os.close(fd)
-
-    def _read_json(self, path: Path) -> Any:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as e:
-            raise self._corrupt(path, str(e)) from None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FatalError(
-                Problem(f"{e.msg}; {self._reset_hint(path)}", str(path), e.lineno, e.colno)
-            ) from None
-
-    def _write_json(self, path: Path, data: dict[str, Any], durable: bool = True) -> None:
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise FatalError(Problem(f"cannot create: {e.strerror}", str(self.dir))) from None
-        if self.redactor is not None:
-            data = self.redactor.data(data, keys=True)
-        text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
-        write_atomic(path, text.encode("utf-8"), durable=durable)
-
-    def _corrupt(self, path: Path, why: str) -> FatalError:
-        return FatalError(Problem(f"{why}; {self._reset_hint(path)}", str(path)))
-
-    def _reset_hint(self, path: Path) -> str:
-        what = "iteration count, strikes and deaths" if path == self.state_path else "the snapshot"
-        return f"delete {path} to start over (its {what} will be lost)"
 
 
 def _holder_pid(fd: int) -> str:

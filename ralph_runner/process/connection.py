@@ -67,6 +67,7 @@ class Connection(Protocol):
         max_output: int = execute.DEFAULT_MAX_OUTPUT,
         cancel: threading.Event | None = None,
         on_output: Callable[[str], None] | None = None,
+        idle: execute.IdleWatch | None = None,
     ) -> execute.Result: ...
 
     def argv(
@@ -79,6 +80,7 @@ class Connection(Protocol):
         max_output: int = execute.DEFAULT_MAX_OUTPUT,
         cancel: threading.Event | None = None,
         on_output: Callable[[str], None] | None = None,
+        idle: execute.IdleWatch | None = None,
     ) -> execute.Result: ...
 
 

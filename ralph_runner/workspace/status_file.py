@@ -10,26 +10,23 @@ one (the test tools write a few keys) or one a newer ralph-run wrote (keys this 
 know): `read` never fails on those. Every key of `Status` is checked against its declared type;
 a missing key or one of the wrong type reads as its default (what a loop that never ran would
 show: 0, False, None, ""), nested records key by key the same way, and unknown keys are kept as
-they are, so `status --json` passes on what a newer writer said. Only a file that is not a JSON
-object at all is an error (FatalError, with how to start over).
+they are, so `status --json` passes on what a newer writer said (workspace/json_records.py).
+Only a file that is not a JSON object at all is an error (FatalError, with how to start over).
 """
 
 # No `from __future__ import annotations`: `read` checks values against these annotations at run
-# time, and Python 3.11 sees NotRequired only in evaluated annotations.
+# time (json_records), and Python 3.11 sees NotRequired only in evaluated annotations.
 
-import json
-import types
-import typing
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict, Union
+from typing import Literal, NotRequired, TypedDict
 
-from ralph_runner.durable.files import write_atomic
 from ralph_runner.durable.json_value import JSON
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import FatalError, Problem
-from ralph_runner.workspace.state_files import STATE_DIR
+from ralph_runner.workspace.json_records import conformed
+from ralph_runner.workspace.state_files import STATE_DIR, corrupt, read_json, write_json
 
 STATUS_FILE = "status.json"
+SNAPSHOT = "snapshot"  # what deleting the file loses, in its error's hint
 
 
 class LastDeath(TypedDict):
@@ -67,7 +64,7 @@ class Limited(TypedDict):
     item: str
     source: str  # the step whose output said it
     line: str  # the line that said it
-    reset_at: float | None  # epoch when the limit resets, when the message said
+    reset_at: float  # epoch of the reset (now + default_wait when the message gave none)
     until: float  # epoch until which the loop waits
 
 
@@ -139,119 +136,22 @@ def path(workdir: Path) -> Path:
 
 def write(workdir: Path, status: Status, redactor: Redactor | None = None) -> None:
     """Replace the status atomically (readers see the old or the new one, never half), not
-    fsynced: it is a view of the state, rewritten at every step. Secrets masked, keys too (the
-    state keeps strikes by item text). FatalError naming the file when it cannot be written."""
-    target = path(workdir)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FatalError(Problem(f"cannot create: {e.strerror}", str(target.parent))) from None
-    data = redactor.data(status, keys=True) if redactor is not None else status
-    text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
-    write_atomic(target, text.encode("utf-8"), durable=False)
+    fsynced: it is a view of the state, rewritten at every step. Secrets masked. FatalError
+    naming the file when it cannot be written."""
+    write_json(path(workdir), status, redactor, durable=False)
 
 
 def read(workdir: Path) -> Status | None:
     """The workdir's status; None when there is none (never run here). Tolerant of older,
     partial and newer files (see the module's text); FatalError when it is not a JSON object."""
     target = path(workdir)
-    try:
-        text = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _corrupt(target, str(e)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        problem = Problem(f"{e.msg}; {_reset_hint(target)}", str(target), e.lineno, e.colno)
-        raise FatalError(problem) from None
-    return parse(data, str(target))
+    data = read_json(target, SNAPSHOT)
+    return None if data is None else parse(data, target)
 
 
-def parse(data: JSON, where: str) -> Status:
-    """A status as read (from the file, or from another host's through a shell): typed as
-    `read` says; FatalError when it is not a JSON object."""
+def parse(data: JSON, where: Path) -> Status:
+    """A status as read (from the file, or another host's through a shell): conformed as the
+    module's text says; FatalError when it is not a JSON object."""
     if not isinstance(data, dict):
-        raise _corrupt(Path(where), "expected a JSON object")
-    return typing.cast(Status, _conformed(Status, data))  # checked key by key
-
-
-def _conformed(shape: type, data: dict[str, JSON]) -> dict[str, JSON]:
-    """`data` as `shape` (a TypedDict) declares it: a missing or ill-typed key gets its default
-    (an optional one is dropped), nested records conformed the same way, unknown keys kept."""
-    required = typing.cast(frozenset[str], vars(shape)["__required_keys__"])
-    conformed = dict(data)
-    for key, hint in typing.get_type_hints(shape).items():
-        value = data.get(key)
-        record = _record_in(hint)
-        if record is not None and isinstance(value, dict):
-            conformed[key] = _conformed(record, value)
-        elif key in data and _fits(hint, value):
-            continue
-        elif key in required:
-            conformed[key] = _default(hint)
-        else:
-            conformed.pop(key, None)
-    return conformed
-
-
-def _record_in(hint: object) -> type | None:
-    """The TypedDict a hint names (alone or with None), if any."""
-    for option in _options(hint):
-        if typing.is_typeddict(option):
-            return typing.cast(type, option)
-    return None
-
-
-def _options(hint: object) -> tuple[object, ...]:
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _fits(hint: object, value: object) -> bool:
-    """The value is of the declared type (an int is a float; a bool is no number)."""
-    for option in _options(hint):
-        origin = typing.get_origin(option)
-        if option is type(None) and value is None:
-            return True
-        if origin is Literal and value in typing.get_args(option):
-            return True
-        if origin is list and isinstance(value, list):
-            (item,) = typing.get_args(option)
-            if all(_fits(item, v) for v in value):
-                return True
-        if option is bool and isinstance(value, bool):
-            return True
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return True
-        if option is str and isinstance(value, str):
-            return True
-    return False
-
-
-def _default(hint: object) -> JSON:
-    """What a loop that never ran would show for a key of this type."""
-    options = _options(hint)
-    if type(None) in options:
-        return None
-    first = options[0]
-    if typing.get_origin(first) is Literal:
-        return typing.cast(JSON, typing.get_args(first)[0])
-    if typing.get_origin(first) is list:
-        return []
-    if typing.is_typeddict(first):
-        return _conformed(typing.cast(type, first), {})
-    defaults: dict[object, JSON] = {bool: False, int: 0, float: 0.0, str: ""}
-    return defaults[first]
-
-
-def _corrupt(target: Path, why: str) -> FatalError:
-    return FatalError(Problem(f"{why}; {_reset_hint(target)}", str(target)))
-
-
-def _reset_hint(target: Path) -> str:
-    return f"delete {target} to start over (its snapshot will be lost)"
+        raise corrupt(where, "expected a JSON object", SNAPSHOT)
+    return conformed(Status, data)

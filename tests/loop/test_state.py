@@ -112,7 +112,14 @@ def test_save_and_load_round_trip(tmp_path: Path):
         pid=4242,
         started=1714780000.25,
         status="running",
-        last_death={"time": 1714790798, "phase": "during-step", "item": "x", "reason": "timeout"},
+        last_death={
+            "death": 2,
+            "time": "2024-05-04T02:46:38+00:00",
+            "phase": "during-step",
+            "item": "x",
+            "reason": "timeout",
+            "fault": "hang",
+        },
     )
     store.save(state)
     assert Store(tmp_path).load() == state

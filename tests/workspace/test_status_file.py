@@ -46,7 +46,7 @@ RUNNING: Status = {
         "item": "add the parser",
         "source": "agent",
         "line": "usage limit reached",
-        "reset_at": None,
+        "reset_at": 1767323000.0,
         "until": 1767323045.0,
     },
     "failure": None,
