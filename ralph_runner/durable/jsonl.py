@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import orjson  # 3-4x the standard library's speed: a night's records are tens of MB
 
+from ralph_runner.durable.json_value import JSONObject
 
-def dumps(entry: dict[str, Any]) -> str:
+
+def dumps(entry: Mapping[str, object]) -> str:
     """One compact line (no newline inside: JSON escapes it)."""
     return json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str)
 
@@ -51,13 +53,22 @@ class Appender:
         os.close(self.fd)
 
 
-def append(path: Path, entries: Iterable[dict[str, Any]]) -> None:
+def append(path: Path, entries: Iterable[Mapping[str, object]]) -> None:
     """Open, append `entries` as lines in one write, close (for infrequent writers)."""
     appender = Appender(path)
     try:
         appender.write(dumps(entry) for entry in entries)
     finally:
         appender.close()
+
+
+class SkippedCounts(TypedDict):
+    """What a reader skipped, in a JSON answer (`ralph-run deaths --json`'s "skipped")."""
+
+    total: int
+    torn: int
+    foreign: int
+    at: list[str]
 
 
 @dataclass
@@ -92,11 +103,11 @@ class Skipped:
             ", ".join(self.where) + (", ..." if self.total > len(self.where) else "")
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> SkippedCounts:
         return {"total": self.total, "torn": self.torn, "foreign": self.foreign, "at": self.where}
 
 
-def read(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, Any]]]:
+def read(path: Path, skipped: Skipped) -> Iterator[tuple[int, JSONObject]]:
     """(line number, object) for every line that is a JSON object; the rest counted as torn."""
     try:
         data = path.read_bytes()
