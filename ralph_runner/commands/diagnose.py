@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
             "time": iso_time(time.time()),
             "host": p.host,
             "runbook": str(p.runbook.path),
-            "service": p.variables.get("service_name", model.name),
+            "service": str(p.variables.get("service_name", model.name)),
             "iteration": None,
             "item": None,
             "phase": "diagnose",

@@ -81,7 +81,7 @@ class Service:
         and record a `start`, which no death statistic counts."""
         now = time.time()
         failing = next(r for r in rounds[-1] if not r.ok)
-        name = self.plan.variables.get("service_name", "the service")
+        name = str(self.plan.variables.get("service_name", "the service"))
         self.emit("start", service=name, reason=f"{failing.name}: {failing.detail}")
         death = recovery.death_of(0, "start", iso_time(now), rounds[-1], faults.NOT_RUNNING)
         variables = {**facts.get("variables", {}), "phase": "start", "death": death}
@@ -161,7 +161,7 @@ class Service:
             "time": iso_time(now),
             "host": self.plan.host,
             "runbook": str(self.plan.runbook.path),
-            "service": self.plan.variables.get("service_name", self.plan.model.name),
+            "service": str(self.plan.variables.get("service_name", self.plan.model.name)),
             **known,
             "phase": phase,
             "fault": fault_class,

@@ -46,7 +46,7 @@ _SHOWN_CHARS = 80  # of an -e value, in its error message
 @dataclass
 class _Group:
     name: str
-    vars: dict[str, Any] = field(default_factory=dict)
+    vars: dict[str, object] = field(default_factory=dict)
     hosts: list[str] = field(default_factory=list)  # direct members, in inventory order
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
@@ -60,9 +60,9 @@ class Inventory:
 
     file: str | None
     _groups: dict[str, _Group] = field(default_factory=dict, repr=False)
-    _inline_host_vars: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-    _group_files: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-    _host_files: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _inline_host_vars: dict[str, dict[str, object]] = field(default_factory=dict, repr=False)
+    _group_files: dict[str, dict[str, object]] = field(default_factory=dict, repr=False)
+    _host_files: dict[str, dict[str, object]] = field(default_factory=dict, repr=False)
 
     def hosts(self) -> list[str]:
         """Every host, in the order `ansible all --list-hosts` gives."""
@@ -99,7 +99,7 @@ class Inventory:
                 selected += [host for host in matched if host not in selected]
         return selected
 
-    def host_vars(self, host: str) -> dict[str, Any]:
+    def host_vars(self, host: str) -> dict[str, object]:
         """The host's inventory variables merged as Ansible does, plus its magic variables."""
         return {**self._inventory_vars(host), **self._magic_vars(host)}
 
@@ -142,7 +142,7 @@ class Inventory:
     def _groups_of(self, host: str) -> list[_Group]:
         return [group for group in self._groups.values() if host in self._members(group.name)]
 
-    def _inventory_vars(self, host: str) -> dict[str, Any]:
+    def _inventory_vars(self, host: str) -> dict[str, object]:
         """Ansible's order: `all` < other groups (inventory file), then the same for group_vars/
         files, then the host's own vars (inventory file, then host_vars/)."""
         self._require_host(host)
@@ -160,7 +160,7 @@ class Inventory:
         merged.update(self._host_files.get(host, {}))
         return merged
 
-    def _magic_vars(self, host: str) -> dict[str, Any]:
+    def _magic_vars(self, host: str) -> dict[str, object]:
         """What Ansible sets for every host and nothing may override (not even -e)."""
         try:
             short = str(ipaddress.ip_address(host))
@@ -212,9 +212,9 @@ def load(path: str | os.PathLike | None) -> Inventory:
     )
 
 
-def parse_extra_vars(values: Iterable[str]) -> dict[str, Any]:
+def parse_extra_vars(values: Iterable[str]) -> dict[str, object]:
     """Merge `-e` values in order (later ones win), each KEY=VALUE..., @FILE or a mapping."""
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     for value in values:
         merged.update(_extra_vars(value))
     return merged
@@ -222,7 +222,7 @@ def parse_extra_vars(values: Iterable[str]) -> dict[str, Any]:
 
 def resolve_vars(
     runbook_vars: Mapping[str, Any], inventory: Inventory, host: str, extra_vars: Mapping[str, Any]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Runbook vars (like role defaults) < inventory vars < -e < magic vars, as in Ansible."""
     return {
         **runbook_vars,
@@ -239,7 +239,7 @@ class _Parser:
         self.doc = doc
         self.groups = {"all": _Group("all", children=["ungrouped"])}
         self.groups["ungrouped"] = _Group("ungrouped", parents=["all"])
-        self.host_vars: dict[str, dict[str, Any]] = {}
+        self.host_vars: dict[str, dict[str, object]] = {}
         data = {} if doc.data is None else doc.data
         if not isinstance(data, dict):
             message = f"an inventory is a mapping of groups (`all:`), found {_kind(data)}"
@@ -418,13 +418,13 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
-def _read_vars_dir(directory: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+def _read_vars_dir(directory: Path, names: Iterable[str]) -> dict[str, dict[str, object]]:
     """group_vars/ or host_vars/: each name's files merged in order, as Ansible reads them."""
     if not directory.is_dir():
         return {}
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, object]] = {}
     for name in names:
-        merged: dict[str, Any] = {}
+        merged: dict[str, object] = {}
         for path in _vars_files(directory, name):
             merged.update(_read_mapping(path, "a vars file"))
         if merged:
@@ -456,7 +456,7 @@ def _dir_vars_files(directory: Path) -> list[Path]:
     return found
 
 
-def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+def _read_mapping(path: Path, what: str) -> dict[str, object]:
     """A YAML (or JSON) file of variables; empty is fine, anything but a mapping is not."""
     doc = _read_json(path) if path.suffix == ".json" else None
     doc = doc or yamlfile.load(path)
@@ -490,7 +490,7 @@ def _parse_json(text: str, file: str) -> yamlfile.Document | None:
     return yamlfile.Document(data, file, {(): (1, 1)})
 
 
-def _extra_vars(value: str) -> dict[str, Any]:
+def _extra_vars(value: str) -> dict[str, object]:
     """One -e value: @FILE, an inline JSON/YAML mapping, or KEY=VALUE words (values as text)."""
     if not value:
         return {}
@@ -509,7 +509,7 @@ def _extra_vars(value: str) -> dict[str, Any]:
         words = shlex.split(value)
     except ValueError as exc:
         raise FatalError(f"{shown}: {exc}; expected KEY=VALUE") from None
-    pairs: dict[str, Any] = {}
+    pairs: dict[str, object] = {}
     for word in words:
         key, equals, text = word.partition("=")
         if not equals:
@@ -522,7 +522,7 @@ def _extra_vars(value: str) -> dict[str, Any]:
     return pairs
 
 
-def _inline_mapping(value: str, shown: str) -> dict[str, Any]:
+def _inline_mapping(value: str, shown: str) -> dict[str, object]:
     doc = _parse_json(value, shown)
     if doc is None:
         try:

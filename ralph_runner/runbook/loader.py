@@ -43,7 +43,7 @@ class TaskSpec:
     task: schema.TaskKeywords
     kind: str
     where: Problem
-    vars: dict[str, Any] = field(default_factory=dict)
+    vars: dict[str, object] = field(default_factory=dict)
     document: Document | None = None  # the file it was written in, and its key path there
     key: tuple = ()
 
@@ -218,7 +218,7 @@ def _expand(
     base: Path,
     problems: list[Problem],
     seen: tuple[Path, ...],
-    inherited: dict[str, Any] | None = None,
+    inherited: dict[str, object] | None = None,
 ) -> list[TaskSpec]:
     """Flatten tasks, `use:` sets and `include:` files into TaskSpecs, collecting problems."""
     out: list[TaskSpec] = []
@@ -250,7 +250,7 @@ def _expand_file(
     key: str,
     problems: list[Problem],
     seen: tuple[Path, ...],
-    scope: dict[str, Any],
+    scope: dict[str, object],
 ) -> list[TaskSpec]:
     if path.resolve() in seen:
         chain = " -> ".join(str(p) for p in (*seen, path))

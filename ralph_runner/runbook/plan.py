@@ -24,10 +24,10 @@ class Plan:
     runbook: LoadedRunbook
     inventory: inventory.Inventory
     host: str
-    variables: dict[str, Any]
+    variables: dict[str, object]
     workdir: Path
     templar: templating.Templar
-    extra_vars: dict[str, Any]
+    extra_vars: dict[str, object]
 
     @property
     def model(self):
@@ -36,7 +36,7 @@ class Plan:
     def secret_values(self) -> list[str]:
         return [str(self.variables[n]) for n in self.model.secrets if self.variables.get(n)]
 
-    def host_variables(self, host: str) -> dict[str, Any]:
+    def host_variables(self, host: str) -> dict[str, object]:
         """Variables as seen from `host` (for delegate_to): same runbook vars and -e."""
         if host == self.host:
             return self.variables
@@ -101,7 +101,7 @@ def _resolve(
     host: str,
     extra: dict,
     templar: templating.Templar,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     merged = inventory.resolve_vars(runbook.model.vars, inv, host, extra)
     merged.setdefault("inventory_hostname", host)
     merged.update(runbook_dir=str(runbook.directory.resolve()), workdir=str(templar.base_dir))
@@ -109,7 +109,7 @@ def _resolve(
     return expand(merged, templar, runbook)
 
 
-def expand(variables: dict[str, Any], templar: templating.Templar, runbook: LoadedRunbook):
+def expand(variables: dict[str, object], templar: templating.Templar, runbook: LoadedRunbook):
     """Render variables that refer to other variables (`url: "{{ base }}/x"`), Ansible-style."""
     pending = {k for k, v in variables.items() if k != "env" and _templated(v)}
     for _ in range(EXPAND_PASSES):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
@@ -29,6 +31,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from ralph_runner import actions, probes
+from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.runbook.yamlfile import Document
 
@@ -37,7 +40,7 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _exactly_one(kinds: dict[str, Any], what: str) -> Any:
+def _exactly_one(kinds: Mapping[str, ModuleType], what: str) -> Any:
     """A before-validator: the mapping must hold exactly one key out of `kinds`."""
 
     def check(cls: type[BaseModel], data: Any) -> Any:
@@ -89,15 +92,22 @@ class TaskKeywords(Model):
     until: str | None = None  # a condition: the task is retried until it is true
     ignore_errors: bool = False  # a failure of this task does not fail its list of tasks
     env: dict[str, str | int | float | bool] = {}  # more environment (ralph-run's is inherited)
-    vars: dict[str, Any] = {}  # variables for this task only
+    vars: dict[str, object] = {}  # variables for this task only
     delegate_to: str | None = None  # run on this inventory host instead, e.g. localhost
 
 
-def _with_kinds(name: str, base: type[Model], kinds: dict[str, Any], what: str) -> Any:
+def _with_kinds(
+    name: str, base: type[Model], kinds: Mapping[str, ModuleType], what: str
+) -> type[Model]:
     """`base` plus one optional field per kind (`shell`, `http`, ...), exactly one of them set."""
+    # Any: create_model's keyword arguments are checked against its own options too
     fields: dict[str, Any] = {key: (module.Params | None, None) for key, module in kinds.items()}
-    validators: dict[str, Any] = {"one_kind": _exactly_one(kinds, what)}
-    return create_model(name, __base__=base, __validators__=validators, **fields)
+    return create_model(
+        name,
+        __base__=base,
+        __validators__={"one_kind": _exactly_one(kinds, what)},
+        **fields,
+    )
 
 
 if TYPE_CHECKING:  # tools see the static keywords; the kinds' fields are read by getattr
@@ -117,14 +127,14 @@ class Use(Model):
     # the set's NAME: collectors/NAME.yaml beside the runbook, in its directory's parent, or
     # the one shipped with ralph-run
     use: str
-    vars: dict[str, Any] = {}  # the set's variables
+    vars: dict[str, object] = {}  # the set's variables
 
 
 class Include(Model):
     """`- include: FILE`: a task file, relative to the runbook."""
 
     include: str  # the file (a plain list of tasks), relative to the runbook
-    vars: dict[str, Any] = {}  # variables for the file's tasks
+    vars: dict[str, object] = {}  # variables for the file's tasks
 
 
 def _entry_tag(value: Any) -> str:
@@ -322,7 +332,7 @@ class Notify(Model):
 class Runbook(Model):
     name: str | None = None  # the service's name in death records (a `service_name` var wins)
     hosts: str = "localhost"  # the inventory hosts it runs for: a pattern (Ansible syntax)
-    vars: dict[str, Any] = {}  # variables: defaults, which the inventory and -e override
+    vars: dict[str, object] = {}  # variables: defaults, which the inventory and -e override
     secrets: list[str] = []  # variables whose values are masked (`****`) everywhere
     # the agent's git repository, where loop steps run and work files are; relative to the
     # current directory
@@ -349,7 +359,7 @@ class CollectorSet(Model):
     """collectors/NAME.yaml: a shareable list of diagnostic tasks."""
 
     description: str | None = None
-    vars: dict[str, Any] = {}
+    vars: dict[str, object] = {}
     collect: list[TaskEntry]
 
 
@@ -439,7 +449,7 @@ def validate(document: Document, model: type[BaseModel]) -> Any:
         raise FatalError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0))) from None
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> JSONObject:
     """The runbook language as JSON Schema (for editors' completion and validation)."""
     schema = Runbook.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -6,7 +6,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ralph_runner import actions
 from ralph_runner.actions import LoopRuntime, TaskContext, TaskResult
@@ -38,7 +37,7 @@ class TaskGroup:
 
 
 def context(
-    spec: TaskSpec, group: TaskGroup, variables: dict[str, Any], cancel=None
+    spec: TaskSpec, group: TaskGroup, variables: dict[str, object], cancel=None
 ) -> TaskContext:
     """The TaskContext of `spec`: its vars merged, env rendered, connection chosen."""
     task, plan = spec.task, group.plan
@@ -75,13 +74,13 @@ def context(
     )
 
 
-def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> str:
+def describe(spec: TaskSpec, group: TaskGroup, variables: dict[str, object]) -> str:
     """The task rendered for --check: never runs anything."""
     ctx = context(spec, group, variables)
     return actions.KINDS[spec.kind].describe(spec.params, ctx)
 
 
-def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> bool:
+def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, object]) -> bool:
     when = spec.task.when
     if when is None:
         return True
@@ -92,7 +91,7 @@ def should_run(spec: TaskSpec, group: TaskGroup, variables: dict[str, Any]) -> b
 def run(
     spec: TaskSpec,
     group: TaskGroup,
-    variables: dict[str, Any],
+    variables: dict[str, object],
     cancel: threading.Event | None = None,
 ) -> TaskResult:
     """Run the task (its retries included); registers its result into `variables`."""
@@ -136,7 +135,7 @@ class StepsRun:
 def run_steps(
     specs: list[TaskSpec],
     group: TaskGroup,
-    variables: dict[str, Any],
+    variables: dict[str, object],
     cancel: threading.Event | None = None,
     starting: Callable[[TaskSpec, str | None], None] = lambda spec, skipped: None,
     between: Callable[[], None] = lambda: None,
