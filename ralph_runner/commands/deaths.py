@@ -7,6 +7,7 @@ import json
 
 from ralph_runner.commands import options
 from ralph_runner.deaths import stats, text
+from ralph_runner.deaths.answers import AnswersWithDeaths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,8 +20,8 @@ def main(args: argparse.Namespace) -> int:
     data = stats.load(args.targets, args.inventory, args.extra_vars)
     answers = stats.tables(data)
     if args.json:
-        answers["deaths"] = [text.death_row(d) for d in data.deaths]
-        print(json.dumps(answers, ensure_ascii=False, default=str))
+        every: AnswersWithDeaths = {**answers, "deaths": [text.death_row(d) for d in data.deaths]}
+        print(json.dumps(every, ensure_ascii=False, default=str))
     else:
         print("\n".join(text.text(answers, data)))
     return 0

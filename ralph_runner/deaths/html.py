@@ -14,14 +14,21 @@ import math
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import jinja2
 from markupsafe import Markup
 
 from ralph_runner.deaths import stats
 from ralph_runner.deaths import text as deaths_text
+from ralph_runner.deaths.answers import Answers, PromptSize, SignatureRow
+from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.output import shorten
+
+if TYPE_CHECKING:  # Bokeh is imported where a chart is drawn: 0.5 s, not for `deaths`
+    from bokeh.model import Model
+    from bokeh.models import Column
+    from bokeh.plotting import figure
 
 MAX_OVERLAY = 50  # deaths whose recorder samples are overlaid
 MAX_EXCERPTS = 20  # deaths whose last log lines are shown
@@ -48,7 +55,25 @@ ITEM_CHARS = 60  # of an item's text in the timeline's hover
 LEGEND_CHARS = 70  # of a signature in a chart's legend
 
 
-def write(data: stats.Data, output: Path) -> dict[str, Any]:
+class Excerpt(TypedDict):
+    """The last log lines the recorder had at a death (the page's excerpts)."""
+
+    death: int | None
+    signature: str
+    source: JSON  # the followed log's name
+    lines: list[str]
+    notes: list[str]  # the recorder's notes (a log it could not follow, ...)
+
+
+class Overlay(TypedDict):
+    """One death's samples of one metric: seconds before the death, and the values."""
+
+    death: stats.Death
+    xs: list[float]
+    ys: list[float]
+
+
+def write(data: stats.Data, output: Path) -> Answers:
     """Write the report; the answers it shows (for the caller's summary line)."""
     answers = stats.tables(data)
     page = render(data, answers)
@@ -57,12 +82,12 @@ def write(data: stats.Data, output: Path) -> dict[str, Any]:
     return answers
 
 
-def render(data: stats.Data, answers: dict[str, Any]) -> str:
+def render(data: stats.Data, answers: Answers) -> str:
     from bokeh.embed import components
     from bokeh.resources import Resources
 
     signature_colour = signature_colours(answers)
-    charts = {
+    drawn: dict[str, Model | None] = {
         "timeline": timeline(data, signature_colour),
         "signatures": signatures_chart(answers["by_signature"], signature_colour),
         "prompt": prompt_chart(answers["prompt_size"]),
@@ -70,7 +95,7 @@ def render(data: stats.Data, answers: dict[str, Any]) -> str:
             f"metric {n}": fig for n, fig in enumerate(metric_charts(data.deaths, signature_colour))
         },
     }
-    charts = {name: chart for name, chart in charts.items() if chart is not None}
+    charts = {name: chart for name, chart in drawn.items() if chart is not None}
     script, made = components(charts) if charts else ("", {})
     # a chart with nothing to show is not made (no deaths: no signatures chart); the page then
     # leaves its place empty, as StrictUndefined would not let it test a missing name
@@ -95,7 +120,7 @@ def render(data: stats.Data, answers: dict[str, Any]) -> str:
     )
 
 
-def signature_colours(answers: dict[str, Any]) -> dict[str, str]:
+def signature_colours(answers: Answers) -> dict[str, str]:
     """Each signature's colour, the most frequent first: the signature table's swatches and
     every chart's marks and lines (one colour per signature, never per death)."""
     return {
@@ -108,7 +133,7 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
-def summary_lines(answers: dict[str, Any]) -> list[str]:
+def summary_lines(answers: Answers) -> list[str]:
     prompt = answers["prompt_size"]
     lines = [
         deaths_text.between_line(answers["between_deaths"]),
@@ -123,7 +148,7 @@ def _ms(epoch: float | None) -> float:
     return math.nan if epoch is None else epoch * 1000.0
 
 
-def timeline(data: stats.Data, colour: dict[str, str]):
+def timeline(data: stats.Data, colour: dict[str, str]) -> Column | None:
     """Iterations (prompt size and duration over time, by outcome), deaths, recovery spans."""
     import numpy as np
     from bokeh.layouts import column
@@ -249,17 +274,17 @@ def timeline(data: stats.Data, colour: dict[str, str]):
     return column(prompt, duration)
 
 
-def _outcome(value: Any) -> str:
-    return value if value in OUTCOME_COLOURS else "unknown"
+def _outcome(value: JSON) -> str:
+    return value if isinstance(value, str) and value in OUTCOME_COLOURS else "unknown"
 
 
-def _num(value: Any) -> float:
+def _num(value: JSON) -> float:
     return (
         float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
     )
 
 
-def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
+def signatures_chart(rows: list[SignatureRow], colour: dict[str, str]) -> figure | None:
     from bokeh.models import ColumnDataSource, DataRange1d, FactorRange
     from bokeh.plotting import figure
 
@@ -290,12 +315,12 @@ def signatures_chart(rows: list[dict[str, Any]], colour: dict[str, str]):
     return chart
 
 
-def prompt_chart(prompt: dict[str, Any]):
+def prompt_chart(prompt: PromptSize) -> figure | None:
     from bokeh.models import ColumnDataSource, DataRange1d
     from bokeh.plotting import figure
 
-    buckets = prompt["buckets"]
-    if not buckets:
+    buckets, width = prompt["buckets"], prompt["width"]
+    if not buckets or width is None:  # the width comes with the buckets
         return None
     rated = buckets[0]["iterations"] is not None
     source = ColumnDataSource(
@@ -325,44 +350,53 @@ def prompt_chart(prompt: dict[str, Any]):
             ("rate" if rated else "deaths", "@y{0.0%}" if rated else "@y"),
         ],
     )
-    chart.vbar(x="x", top="y", width=prompt["width"] * 0.9, color="colour", source=source)
+    chart.vbar(x="x", top="y", width=width * 0.9, color="colour", source=source)
     y_range = chart.y_range
     assert isinstance(y_range, DataRange1d)  # figure()'s default
     y_range.start = 0
     return chart
 
 
-def metric_series(deaths: list[stats.Death]) -> dict[str, list[tuple[Any, list, list]]]:
-    """metric -> [(death, seconds before death, values)] for the last MAX_OVERLAY deaths; a
-    sample without the metric (the server did not answer) is a gap in the line, not a bridge."""
-    series: dict[str, list[tuple[Any, list, list]]] = {}
+def metric_series(deaths: list[stats.Death]) -> dict[str, list[Overlay]]:
+    """metric -> one line per death, for the last MAX_OVERLAY deaths; a sample without the
+    metric (the server did not answer) is a gap in the line, not a bridge."""
+    series: dict[str, list[Overlay]] = {}
     for death in deaths[-MAX_OVERLAY:]:
         section = death.record.get("recorder")
         if not isinstance(section, dict) or death.time is None:
             continue
-        samples = [s for s in section.get("samples") or [] if isinstance(s, dict)]
         rows = [
-            (s["t"] - death.time, sample_values(s))
-            for s in samples
-            if isinstance(s.get("t"), int | float)
+            (t - death.time, sample_values(sample))
+            for sample in _objects(section.get("samples"))
+            if isinstance(t := sample.get("t"), int | float)
         ]
         for name in sorted({name for _, values in rows for name in values}):
             xs = [round(x, 1) for x, _ in rows]
             ys = [values.get(name, math.nan) for _, values in rows]
-            series.setdefault(name, []).append((death, xs, ys))
+            series.setdefault(name, []).append({"death": death, "xs": xs, "ys": ys})
     return series
 
 
-def sample_values(sample: dict[str, Any]) -> dict[str, float]:
+def _objects(value: JSON) -> list[JSONObject]:
+    """The objects of a JSON list (a recorder section's samples, a sample's GPUs)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def sample_values(sample: JSONObject) -> dict[str, float]:
     """A recorder sample's metrics and each GPU's memory, by name."""
-    values = {k: v for k, v in (sample.get("metrics") or {}).items() if isinstance(v, int | float)}
-    for gpu in sample.get("gpu") or []:
-        if isinstance(gpu, dict) and isinstance(gpu.get("memory_used_mib"), int | float):
-            values[f"GPU {gpu.get('index')} memory used (MiB)"] = gpu["memory_used_mib"]
+    metrics = sample.get("metrics")
+    values = {
+        k: float(v)
+        for k, v in (metrics.items() if isinstance(metrics, dict) else [])
+        if isinstance(v, int | float)
+    }
+    for gpu in _objects(sample.get("gpu")):
+        if isinstance(used := gpu.get("memory_used_mib"), int | float):
+            values[f"GPU {gpu.get('index')} memory used (MiB)"] = float(used)
     return values
 
 
-def metric_charts(deaths: list[stats.Death], colour: dict[str, str]) -> list[Any]:
+def metric_charts(deaths: list[stats.Death], colour: dict[str, str]) -> list[figure]:
     """One chart per recorder metric: each death's samples, 0 = the moment of death, in its
     signature's colour (the signature table's), with a legend of the signatures."""
     import numpy as np
@@ -371,14 +405,15 @@ def metric_charts(deaths: list[stats.Death], colour: dict[str, str]) -> list[Any
 
     charts = []
     for name, lines in sorted(metric_series(deaths).items()):
+        deaths_drawn = [line["death"] for line in lines]
         source = ColumnDataSource(
             {
-                "xs": [np.array(xs, dtype=np.float32) for _, xs, _ in lines],
-                "ys": [np.array(ys, dtype=np.float32) for _, _, ys in lines],
-                "death": [str(d.number) for d, _, _ in lines],
-                "signature": [d.signature for d, _, _ in lines],
-                "colour": [colour.get(d.signature, "#999999") for d, _, _ in lines],
-                "legend": [shorten(d.signature, LEGEND_CHARS) for d, _, _ in lines],
+                "xs": [np.array(line["xs"], dtype=np.float32) for line in lines],
+                "ys": [np.array(line["ys"], dtype=np.float32) for line in lines],
+                "death": [str(d.number) for d in deaths_drawn],
+                "signature": [d.signature for d in deaths_drawn],
+                "colour": [colour.get(d.signature, "#999999") for d in deaths_drawn],
+                "legend": [shorten(d.signature, LEGEND_CHARS) for d in deaths_drawn],
             }
         )
         chart = figure(
@@ -405,14 +440,14 @@ def metric_charts(deaths: list[stats.Death], colour: dict[str, str]) -> list[Any
     return charts
 
 
-def excerpts(deaths: list[stats.Death]) -> list[dict[str, Any]]:
+def excerpts(deaths: list[stats.Death]) -> list[Excerpt]:
     """The last log lines the recorder had at each of the last deaths."""
-    found = []
+    found: list[Excerpt] = []
     for death in deaths[-MAX_EXCERPTS:]:
         section = death.record.get("recorder")
         if not isinstance(section, dict):
             continue
-        log = [entry for entry in section.get("log") or [] if isinstance(entry, list)]
+        log = _lists(section.get("log"))
         lines = [str(entry[-1]) for entry in log[-EXCERPT_LINES:]]
         found.append(
             {
@@ -420,7 +455,12 @@ def excerpts(deaths: list[stats.Death]) -> list[dict[str, Any]]:
                 "signature": death.signature,
                 "source": section.get("log_source"),
                 "lines": lines,
-                "notes": [str(n[-1]) for n in section.get("notes") or [] if isinstance(n, list)],
+                "notes": [str(n[-1]) for n in _lists(section.get("notes"))],
             }
         )
     return found[::-1]
+
+
+def _lists(value: JSON) -> list[list[JSON]]:
+    """The lists of a JSON list (a recorder section's log lines and notes: [time, text])."""
+    return [v for v in value if isinstance(v, list)] if isinstance(value, list) else []

@@ -9,7 +9,9 @@ order are the on-disk format.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
+
+from ralph_runner.durable.json_value import JSONObject
 
 if TYPE_CHECKING:  # the probes package imports every probe kind: not for reading records
     from ralph_runner.probes import ProbeEntry
@@ -79,13 +81,13 @@ class Known(TypedDict, total=False):
     prompt_size: int | None
     prompt_bytes: int | None
     checklist: dict[str, int]
-    context: dict[str, Any]  # an ensure_alive step's own facts
+    context: JSONObject  # an ensure_alive step's own facts
 
 
 class Facts(Known, total=False):
     """Known, and the iteration's variables: the recovery steps', never the record's."""
 
-    variables: dict[str, Any]
+    variables: dict[str, object]  # template variables: any Python value
 
 
 class DuringRecovery(TypedDict, total=False):
@@ -112,7 +114,7 @@ class DeathRecord(TypedDict, total=False):
     prompt_size: int | None
     prompt_bytes: int | None
     checklist: dict[str, int]
-    context: dict[str, Any]
+    context: JSONObject
     phase: str
     fault: str
     evidence: str
@@ -121,7 +123,7 @@ class DeathRecord(TypedDict, total=False):
     collectors: list[CollectorEntry]
     capture_seconds: float
     during_recovery: DuringRecovery  # captured while another loop recovered the service
-    recorder: dict[str, Any]  # the flight recorder's window (deaths/recorder.py)
+    recorder: JSONObject  # the flight recorder's window (deaths/recorder.py)
     signature: str
     signature_from: SignatureFrom
 
@@ -159,9 +161,9 @@ class StartRecord(Outcome, total=False):
 Record = DeathRecord | RecoveryRecord | StartRecord
 
 
-def is_death(entry: Mapping[str, Any]) -> TypeGuard[DeathRecord]:
+def is_death(entry: Mapping[str, object]) -> TypeGuard[DeathRecord]:
     return entry.get("event") == "death"
 
 
-def is_recovery(entry: Mapping[str, Any]) -> TypeGuard[RecoveryRecord]:
+def is_recovery(entry: Mapping[str, object]) -> TypeGuard[RecoveryRecord]:
     return entry.get("event") == "recovery"

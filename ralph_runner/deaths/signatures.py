@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ralph_runner.deaths.record import DeathRecord
+from ralph_runner.durable.json_value import JSON
 from ralph_runner.output import shorten
 
 # `Name: message` or `pkg.module.Name: message` where Name looks like an exception class.
@@ -104,15 +105,20 @@ def recorder_lines(record: DeathRecord) -> list[str] | None:
     if not isinstance(section, dict) or not section.get("log_source"):
         return None
     since = section.get("since_recovery")
+    log = section.get("log")
     lines = [
         entry[1]
-        for entry in section.get("log") or []
+        for entry in (log if isinstance(log, list) else [])
         if isinstance(entry, list)
         and len(entry) == 2
         and isinstance(entry[1], str)
-        and (since is None or (isinstance(entry[0], int | float) and entry[0] >= since))
+        and (since is None or _at_or_after(entry[0], since))
     ]
     return lines or None
+
+
+def _at_or_after(at: JSON, since: JSON) -> bool:
+    return isinstance(at, int | float) and isinstance(since, int | float) and at >= since
 
 
 def collector_logs(record: DeathRecord) -> list[tuple[str, str]]:

@@ -18,12 +18,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TypeGuard
 
 from ralph_runner.deaths import signatures
+from ralph_runner.deaths.answers import (
+    TOKEN_KEYS,
+    Answers,
+    BetweenDeaths,
+    Cluster,
+    HostRow,
+    ItemCost,
+    PromptSize,
+    Recovery,
+    SignatureRow,
+    Throughput,
+    Tokens,
+)
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import DeathRecord, RecoveryRecord, is_death, is_recovery
 from ralph_runner.durable import jsonl
+from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.workspace.state_files import HISTORY_FILE, SOURCES_FILE, STATE_DIR
 
@@ -46,7 +60,7 @@ class Death:
     recovery: RecoveryRecord | None = None
 
     @property
-    def number(self) -> Any:
+    def number(self) -> int | None:
         return self.record.get("death")
 
     @property
@@ -79,13 +93,13 @@ class Death:
 @dataclass
 class Data:
     deaths: list[Death] = field(default_factory=list)
-    iterations: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, Counter] = field(default_factory=dict)  # path -> events read
+    iterations: list[JSONObject] = field(default_factory=list)  # the histories' lines
+    files: dict[str, Counter[str]] = field(default_factory=dict)  # path -> events read
     skipped: jsonl.Skipped = field(default_factory=jsonl.Skipped)
     notes: list[str] = field(default_factory=list)
 
 
-def epoch(value: Any) -> float | None:
+def epoch(value: object) -> float | None:
     """Seconds since the epoch of a record's ISO time (or of a number already)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -168,10 +182,10 @@ def nearby_history(records: Path) -> list[Path]:
 
 
 def read_file(path: Path, data: Data) -> None:
-    counts: Counter = Counter()
-    latest: dict[Any, Death] = {}  # death number -> the latest death of that number, this file
+    counts: Counter[str] = Counter()
+    latest: dict[int | None, Death] = {}  # death number -> the latest of that number, this file
     for number, entry in jsonl.read(path, data.skipped):
-        event = entry.get("event")
+        event = str(entry.get("event"))
         if is_death(entry):
             death = Death(entry, str(path))
             latest[entry.get("death")] = death
@@ -192,7 +206,7 @@ def read_file(path: Path, data: Data) -> None:
 # -- the tables ---------------------------------------------------------------------------------
 
 
-def tables(data: Data) -> dict[str, Any]:
+def tables(data: Data) -> Answers:
     """Every answer, as plain data (the --json output; the text view and the report draw it)."""
     deaths = data.deaths
     recovered = [d for d in deaths if d.recovery and d.recovery.get("recovered")]
@@ -225,24 +239,33 @@ def tables(data: Data) -> dict[str, Any]:
     }
 
 
-def throughput(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+def throughput(iterations: list[JSONObject]) -> Throughput:
     """Items done per hour of loop time, and the tokens each item cost: every attempt at it
     counts (a struck or retried one spent tokens too), from the receipts of the loop's agent
     proxy (`receipt`); iterations without one (loop.proxy off) add no tokens."""
-    running = sum(i["seconds"] for i in iterations if isinstance(i.get("seconds"), int | float))
+    running = sum(_seconds(i) for i in iterations)
     done = sum(1 for i in iterations if i.get("outcome") == "done")
-    items: dict[str, dict[str, Any]] = {}
-    totals = {"prompt_tokens": 0, "generated_tokens": 0, "requests": 0}
+    items: dict[str, ItemCost] = {}
+    totals: Tokens = {"prompt_tokens": 0, "generated_tokens": 0, "requests": 0}
     counted = estimated = 0
     for line in iterations:
         row = items.setdefault(
             str(line.get("item")),
-            {"attempts": 0, "outcome": None, "seconds": 0.0, "commits": 0, "receipts": 0}
-            | {key: 0 for key in totals},
+            {
+                "attempts": 0,
+                "outcome": None,
+                "seconds": 0.0,
+                "commits": 0,
+                "receipts": 0,
+                "prompt_tokens": 0,
+                "generated_tokens": 0,
+                "requests": 0,
+            },
         )
         row["attempts"] += 1
-        row["outcome"] = line.get("outcome")
-        row["seconds"] += line["seconds"] if isinstance(line.get("seconds"), int | float) else 0
+        outcome = line.get("outcome")
+        row["outcome"] = outcome if isinstance(outcome, str) else None
+        row["seconds"] += _seconds(line)
         row["commits"] += 1 if line.get("commit") else 0
         receipt = line.get("receipt")
         if not isinstance(receipt, dict):
@@ -250,7 +273,7 @@ def throughput(iterations: list[dict[str, Any]]) -> dict[str, Any]:
         counted += 1
         estimated += 1 if receipt.get("tokens_estimated") else 0
         row["receipts"] += 1
-        for key in totals:
+        for key in TOKEN_KEYS:
             value = receipt.get(key)
             if isinstance(value, int):
                 row[key] += value
@@ -275,11 +298,17 @@ def throughput(iterations: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def by_signature(deaths: list[Death]) -> list[dict[str, Any]]:
+def _seconds(line: JSONObject) -> float:
+    """An iteration's seconds; 0 when its line has none (an int stays an int: the --json)."""
+    seconds = line.get("seconds")
+    return seconds if isinstance(seconds, int | float) else 0
+
+
+def by_signature(deaths: list[Death]) -> list[SignatureRow]:
     groups: dict[str, list[Death]] = {}
     for death in deaths:
         groups.setdefault(death.signature, []).append(death)
-    rows = []
+    rows: list[SignatureRow] = []
     for signature, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         times = [t for t in (d.time for d in members) if t is not None]
         found = members[-1].record.get("signature_from")
@@ -299,8 +328,8 @@ def by_signature(deaths: list[Death]) -> list[dict[str, Any]]:
 
 
 def by_host(
-    deaths: list[Death], iterations: list[dict[str, Any]], hosts: list[str]
-) -> dict[str, Any]:
+    deaths: list[Death], iterations: list[JSONObject], hosts: list[str]
+) -> dict[str, HostRow]:
     died = Counter(d.host for d in deaths)
     ran = Counter(str(i.get("host") or "?") for i in iterations)
     return {
@@ -313,7 +342,7 @@ def by_host(
     }
 
 
-def between_deaths(deaths: list[Death], iterations: list[dict[str, Any]]) -> dict[str, Any]:
+def between_deaths(deaths: list[Death], iterations: list[JSONObject]) -> BetweenDeaths:
     """Mean time between deaths: the gaps between one host's consecutive deaths, and the loop's
     running time (the history's iteration seconds) per death, which leaves out the hours the
     loop was not running at all."""
@@ -325,8 +354,8 @@ def between_deaths(deaths: list[Death], iterations: list[dict[str, Any]]) -> dic
     for times in by_host.values():
         times.sort()
         gaps += [b - a for a, b in itertools.pairwise(times)]
-    running = sum(i["seconds"] for i in iterations if isinstance(i.get("seconds"), int | float))
-    result: dict[str, Any] = {
+    running = sum(_seconds(i) for i in iterations)
+    result: BetweenDeaths = {
         "gaps": len(gaps),
         "mean_seconds": sum(gaps) / len(gaps) if gaps else None,
         "median_seconds": percentile(sorted(gaps), 0.5) if gaps else None,
@@ -346,14 +375,14 @@ def percentile(ordered: list[float], p: float) -> float:
     return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
 
 
-def recovery(recovered: list[Death], failed: list[Death]) -> dict[str, Any]:
+def recovery(recovered: list[Death], failed: list[Death]) -> Recovery:
     seconds = sorted(
         float(d.recovery["seconds"])
         for d in recovered
         if d.recovery and isinstance(d.recovery.get("seconds"), int | float)
     )
     reasons = Counter(str((d.recovery or {}).get("reason") or "gave up") for d in failed)
-    result: dict[str, Any] = {
+    result: Recovery = {
         "recovered": len(recovered),
         "not_recovered": len(failed),
         "reasons": dict(reasons.most_common()),
@@ -376,11 +405,11 @@ def nice_width(largest: int) -> int:
     return int(next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
 
 
-def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dict[str, Any]:
+def prompt_buckets(deaths: list[Death], iterations: list[JSONObject]) -> PromptSize:
     """Deaths and iterations per prompt-size bucket (characters), and where deaths cluster."""
-    ran = [i["prompt_chars"] for i in iterations if _count(i.get("prompt_chars"))]
+    ran = [c for c in (i.get("prompt_chars") for i in iterations) if _count(c)]
     died = [d.prompt_chars for d in deaths if d.prompt_chars is not None]
-    result: dict[str, Any] = {
+    result: PromptSize = {
         "width": None, "buckets": [], "cluster": None, "no_cluster": None, "too_little": None
     }  # fmt: skip
     if not ran and not died:
@@ -419,12 +448,11 @@ def prompt_buckets(deaths: list[Death], iterations: list[dict[str, Any]]) -> dic
     return result
 
 
-def cluster(
-    ran: list[int], died: list[int], width: int, count: int
-) -> tuple[dict[str, Any] | None, bool]:
+def cluster(ran: list[int], died: list[int], width: int, count: int) -> tuple[Cluster | None, bool]:
     """The bucket boundary above which the death rate rises the most (or None), and whether
     any boundary had data enough on both sides to tell."""
-    best, enough = None, False
+    best: Cluster | None = None
+    enough = False
     for k in range(1, count):
         edge = k * width
         below_runs = sum(1 for c in ran if c < edge)
@@ -450,5 +478,5 @@ def cluster(
     return best, enough
 
 
-def _count(value: Any) -> bool:
+def _count(value: JSON) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

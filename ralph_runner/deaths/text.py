@@ -7,16 +7,24 @@ rate per prompt-size bucket against the iterations in it, then one line per deat
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from ralph_runner.deaths import stats
+from ralph_runner.deaths.answers import (
+    Answers,
+    BetweenDeaths,
+    DeathRow,
+    HostRow,
+    PromptSize,
+    Recovery,
+    Throughput,
+)
 from ralph_runner.output import columns, plural, shorten
 
 LAST_DEATHS = 30  # deaths listed one per line at the end (the most recent ones)
 ITEM_WIDTH = 40
 
 
-def death_row(death: stats.Death) -> dict[str, Any]:
+def death_row(death: stats.Death) -> DeathRow:
     recovery = death.recovery or {}
     return {
         "death": death.number,
@@ -34,7 +42,7 @@ def death_row(death: stats.Death) -> dict[str, Any]:
     }
 
 
-def recovery_of(row: dict[str, Any]) -> str:
+def recovery_of(row: DeathRow) -> str:
     """A death's recovery in a word or three (a death_row's)."""
     if row["recovered"] is None:
         return "no recovery record"
@@ -43,7 +51,7 @@ def recovery_of(row: dict[str, Any]) -> str:
     return f"recovered in {duration(row['recovery_seconds'])}"
 
 
-def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
+def text(answers: Answers, data: stats.Data) -> list[str]:
     totals = answers["totals"]
     lines = [f"read {files_line(answers['files'])}"]
     if answers["skipped"]["total"]:
@@ -106,7 +114,7 @@ def text(answers: dict[str, Any], data: stats.Data) -> list[str]:
 ITEMS_SHOWN = 10  # items in the text's table of tokens per item (the costliest); --json: all
 
 
-def throughput_line(throughput: dict[str, Any]) -> str:
+def throughput_line(throughput: Throughput) -> str:
     """Items per hour and tokens per item, in one line (the report's summary has it too)."""
     per_hour = throughput["items_per_hour"]
     line = f"items per hour: {'—' if per_hour is None else f'{per_hour:.1f}'}"
@@ -125,7 +133,7 @@ def throughput_line(throughput: dict[str, Any]) -> str:
     return line + ")"
 
 
-def throughput_lines(throughput: dict[str, Any]) -> list[str]:
+def throughput_lines(throughput: Throughput) -> list[str]:
     lines = [throughput_line(throughput)]
     if not throughput["iterations_with_receipts"]:
         return lines
@@ -181,7 +189,7 @@ def counts(mapping: dict[str, int]) -> str:
     return ", ".join(f"{key} {n}" for key, n in mapping.items())
 
 
-def share(row: dict[str, Any]) -> str:
+def share(row: HostRow) -> str:
     rate = row["deaths_per_iteration"]
     return "no history" if rate is None else f"{rate:.1%}"
 
@@ -190,7 +198,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return columns([header, *rows], indent="  ")
 
 
-def between_line(between: dict[str, Any]) -> str:
+def between_line(between: BetweenDeaths) -> str:
     line = "mean time between deaths: "
     if between["mean_seconds"] is None:
         line += "—"
@@ -207,7 +215,7 @@ def between_line(between: dict[str, Any]) -> str:
     return line + (f" — too little data: {between['too_little']}" if between["too_little"] else "")
 
 
-def recovery_line(recovery: dict[str, Any]) -> str:
+def recovery_line(recovery: Recovery) -> str:
     if recovery["p50"] is None:
         line = "recovery: none recovered"
     else:
@@ -222,7 +230,7 @@ def recovery_line(recovery: dict[str, Any]) -> str:
     )
 
 
-def prompt_lines(prompt: dict[str, Any]) -> list[str]:
+def prompt_lines(prompt: PromptSize) -> list[str]:
     if not prompt["buckets"]:
         return [f"death rate by prompt size: {prompt['too_little']}"]
     rows = []
@@ -253,7 +261,7 @@ def prompt_lines(prompt: dict[str, Any]) -> list[str]:
             f"({found['rate_above']:.1%}), {found['deaths_below']} in "
             f"{found['iterations_below']} below ({found['rate_below']:.1%})"
         )
-    if prompt.get("no_cluster"):
+    if prompt["no_cluster"]:
         lines.append(prompt["no_cluster"])
     if prompt["too_little"]:
         lines.append(f"too little data: {prompt['too_little']}")
