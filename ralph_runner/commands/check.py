@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(p: plan.Plan) -> dict[str, Any]:
+def _render(p: plan.Plan) -> dict[str, object]:
     model = p.model
     redactor = Redactor(p.secret_values())
     problems: list[FatalError] = []
@@ -63,7 +63,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
 
     registered = dict.fromkeys(_registered(p))
 
-    def each(specs, group: tasks.TaskGroup, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    def each(specs, group: tasks.TaskGroup, scope: dict[str, object]) -> list[dict[str, object]]:
         out = []
         for spec in specs:
             try:
@@ -142,7 +142,7 @@ def _render(p: plan.Plan) -> dict[str, Any]:
     return redactor.data(_plain(result))
 
 
-def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None:
+def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, object] | None:
     """The flight recorder as it would run: its URL and follow command rendered."""
     try:
         settings = wiring.settings_for(p)
@@ -155,9 +155,9 @@ def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, Any] | None
     return {**shown, "file": settings.file and str(settings.file), "on": settings.connection.name}
 
 
-def _followers(p: plan.Plan) -> dict[str, Any]:
+def _followers(p: plan.Plan) -> dict[str, object]:
     """The metrics textfile and the notification targets, rendered and checked."""
-    shown: dict[str, Any] = {}
+    shown: dict[str, object] = {}
     if p.model.metrics is not None:
         from ralph_runner.fleet import metrics
 
@@ -184,7 +184,7 @@ def _registered(p: plan.Plan) -> set[str]:
     return {spec.task.register_ for spec in specs if spec.task.register_}
 
 
-def _check_names(p: plan.Plan, spec: loader.TaskSpec, scope: dict[str, Any]) -> None:
+def _check_names(p: plan.Plan, spec: loader.TaskSpec, scope: dict[str, object]) -> None:
     """A `when:` or `until:` naming what no variable, no iteration fact and no `register:`
     defines would fail at the iteration that first evaluates it: fail now, at its line."""
     scope = {**scope, **spec.vars, **spec.task.vars}
@@ -195,7 +195,7 @@ def _check_names(p: plan.Plan, spec: loader.TaskSpec, scope: dict[str, Any]) -> 
             _require_known(p, text, scope, spec.where_of(keyword))
 
 
-def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Problem) -> None:
+def _require_known(p: plan.Plan, text: str, scope: dict[str, object], where: Problem) -> None:
     missing = sorted(p.templar.undefined_names(text, scope, where=where))
     if missing:
         names = ", ".join(repr(name) for name in missing)
@@ -203,7 +203,7 @@ def _require_known(p: plan.Plan, text: str, scope: dict[str, Any], where: Proble
         raise FatalError(replace(where, message=message))
 
 
-def _check_prompt(p: plan.Plan, variables: dict[str, Any]) -> None:
+def _check_prompt(p: plan.Plan, variables: dict[str, object]) -> None:
     """The prompt rendered as the first iteration renders it, with its item (or a sample
     one): `{{ item.txt }}` fails here, at the prompt's line, as it would fail the run. Pipe
     lookups are not run (the templar's check mode); the plan shows the prompt as written."""
@@ -212,7 +212,7 @@ def _check_prompt(p: plan.Plan, variables: dict[str, Any]) -> None:
     p.templar.render(p.model.prompt, variables, where=where)
 
 
-def _iteration_vars(p: plan.Plan, read: bool = True) -> dict[str, Any]:
+def _iteration_vars(p: plan.Plan, read: bool = True) -> dict[str, object]:
     """Per-iteration variables as the first iteration would see them (read-only)."""
     path = p.path(("checklist", "path"), p.model.checklist.path)
     text = checklist.read(path) if read and checklist.present(path) else ""
@@ -256,7 +256,7 @@ def _dump(params: Any) -> Any:
     return params.model_dump() if hasattr(params, "model_dump") else params
 
 
-def _hang_bound(health: Any, specs: list[Any]) -> dict[str, Any]:
+def _hang_bound(health: Any, specs: list[Any]) -> dict[str, str]:
     """The hang bound B and the worst case from a hang to its death (docs: hangs, "The
     detection bound"): watch + B rounded up to whole watch periods + failures_before_dead x the
     longest probe timeout + the intervals, from B's floor to its ceiling."""

@@ -20,6 +20,10 @@ from pydantic import BaseModel
 
 from ralph_runner import actions, probes
 from ralph_runner.runbook import schema
+from ralph_runner.runbook.schema import SchemaNode
+
+Visit = Callable[[SchemaNode, str, str, str], None]  # told of each property: its schema,
+# the definition it is in, its key and its key path
 
 REGENERATE = "ralph-run schema --markdown > docs/reference.md"
 TEMPLATE_PATTERN = r"\{\{.*\}\}"  # fields.Templated: a number, or a template rendering to one
@@ -64,12 +68,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def described(root: dict[str, Any], notes: dict[str, dict[str, str]]) -> dict[str, Any]:
+def described(root: SchemaNode, notes: dict[str, dict[str, str]]) -> SchemaNode:
     """`root` (schema.json_schema()) with a description on every key, as editors show it
     beside the key: a field's `Field(description=...)` where it has one, else its comment in
     the model's source (`notes`: definition -> key -> text, from field_notes), else, for an
     action or probe kind, its module's summary."""
-    models = [("Runbook", root), *root.get("$defs", {}).items()]
+    models: list[tuple[str, SchemaNode]] = [("Runbook", root), *root.get("$defs", {}).items()]
     for name, model in models:
         for key, prop in model.get("properties", {}).items():
             if not prop.get("description"):
@@ -79,17 +83,17 @@ def described(root: dict[str, Any], notes: dict[str, dict[str, str]]) -> dict[st
     return root
 
 
-def markdown(root: dict[str, Any], built: dict[str, dict[str, Any]] | None = None) -> str:
+def markdown(root: SchemaNode, built: dict[str, dict[str, object]] | None = None) -> str:
     """A Markdown reference of `root` (described(schema.json_schema(), ...)): a section per
     object, first the top-level keys, then each nested object in the order a reader meets it,
     each key with the first paragraph of its description. `built` holds the defaults JSON
     Schema leaves out (those made by a factory), as definition -> key -> value."""
-    defs: dict[str, Any] = root.get("$defs", {})
+    defs = root.get("$defs", {})
     built = built or {}
     names: dict[str, tuple[str, str]] = {}  # def key -> (heading, anchor), in reading order
     used_at: dict[str, list[str]] = {}  # def key -> the key paths where it is used
 
-    def visit(node: Any, parent: str, prop: str, path: str) -> None:
+    def visit(node: SchemaNode, parent: str, prop: str, path: str) -> None:
         for ref in _refs(node):
             names.setdefault(ref, _name(ref, parent, prop))
             places = used_at.setdefault(ref, [])
@@ -108,11 +112,11 @@ def markdown(root: dict[str, Any], built: dict[str, dict[str, Any]] | None = Non
 
 def _section(
     ref: str,
-    model: dict[str, Any],
+    model: SchemaNode,
     names: dict[str, tuple[str, str]],
-    visit: Callable[[Any, str, str, str], None],
+    visit: Visit,
     used_at: dict[str, list[str]],
-    built: dict[str, dict[str, Any]],
+    built: dict[str, dict[str, object]],
 ) -> str:
     heading, anchor = names[ref]
     path = used_at[ref][0]
@@ -136,14 +140,14 @@ def _section(
 
 
 def _table(
-    model: dict[str, Any],
+    model: SchemaNode,
     path: str,
     names: dict[str, tuple[str, str]],
-    visit: Callable[[Any, str, str, str], None],
+    visit: Visit,
     parent: str,
-    built: dict[str, Any],
+    built: dict[str, object],
 ) -> str:
-    properties: dict[str, Any] = model.get("properties", {})
+    properties = model.get("properties", {})
     if not properties:
         return "No keys: write it empty (`{}`) or leave its value out.\n"
     required = set(model.get("required", []))
@@ -163,18 +167,18 @@ def _table(
     return "\n".join(rows) + "\n"
 
 
-def _refs(node: Any) -> list[str]:
+def _refs(node: SchemaNode | bool | None) -> list[str]:
     """The definitions a property's schema points at, in order (through anyOf, items...)."""
     found: list[str] = []
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str):
             found.append(ref.rsplit("/", 1)[-1])
-        for key in ("anyOf", "oneOf", "allOf"):
-            for part in node.get(key, []):
+        for parts in (node.get("anyOf", []), node.get("oneOf", []), node.get("allOf", [])):
+            for part in parts:
                 found.extend(_refs(part))
-        for key in ("items", "additionalProperties"):
-            found.extend(_refs(node.get(key)))
+        found.extend(_refs(node.get("items")))
+        found.extend(_refs(node.get("additionalProperties")))
     return found
 
 
@@ -190,7 +194,7 @@ def _name(ref: str, parent: str, prop: str) -> tuple[str, str]:
     return ref, ref.lower()
 
 
-def _type(prop: dict[str, Any], names: dict[str, tuple[str, str]]) -> str:
+def _type(prop: SchemaNode, names: dict[str, tuple[str, str]]) -> str:
     parts = prop.get("anyOf") or prop.get("oneOf")
     if parts:
         kinds = [_type(part, names) for part in parts if part.get("type") != "null"]
@@ -223,7 +227,7 @@ def _type(prop: dict[str, Any], names: dict[str, tuple[str, str]]) -> str:
     return kind + _bounds(prop)
 
 
-def _bounds(prop: dict[str, Any]) -> str:
+def _bounds(prop: SchemaNode) -> str:
     bounds = []
     if "exclusiveMinimum" in prop:
         bounds.append(f"> {prop['exclusiveMinimum']:g}")
@@ -236,7 +240,7 @@ def _bounds(prop: dict[str, Any]) -> str:
     return f" ({', '.join(bounds)})" if bounds else ""
 
 
-def _default(key: str, prop: dict[str, Any], required: set[str], built: Any = None) -> str:
+def _default(key: str, prop: SchemaNode, required: set[str], built: object = None) -> str:
     if key in required:
         return "**required**"
     if "default" not in prop and built is None:
@@ -247,7 +251,7 @@ def _default(key: str, prop: dict[str, Any], required: set[str], built: Any = No
     return f"`{json.dumps(value, ensure_ascii=False)}`"
 
 
-def _description(text: Any) -> str:
+def _description(text: object) -> str:
     if not isinstance(text, str):
         return ""
     return " ".join(text.split("\n\n")[0].split())
@@ -309,13 +313,13 @@ def _models(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
     return found
 
 
-def factory_defaults(model: type[BaseModel]) -> dict[str, dict[str, Any]]:
+def factory_defaults(model: type[BaseModel]) -> dict[str, dict[str, object]]:
     """The defaults made by a `default_factory` (JSON Schema has no place for them)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for name, found in _models(model).items():
         for key, field in found.model_fields.items():
             if field.default_factory is not None and not field.default_factory_takes_validated_data:
-                factory = cast(Callable[[], Any], field.default_factory)
+                factory = cast(Callable[[], object], field.default_factory)
                 out.setdefault(name, {})[field.alias or key] = factory()
     return out
 

@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, cast
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from ralph_runner import actions, probes
-from ralph_runner.durable.json_value import JSONObject
+from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.runbook.yamlfile import Document
 
@@ -449,9 +449,39 @@ def validate(document: Document, model: type[BaseModel]) -> Any:
         raise FatalError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0))) from None
 
 
-def json_schema() -> JSONObject:
+SchemaNode = TypedDict(
+    "SchemaNode",
+    {
+        "$schema": str,
+        "$defs": dict[str, "SchemaNode"],
+        "$ref": str,
+        "title": str,
+        "description": str,
+        "type": str,
+        "properties": dict[str, "SchemaNode"],
+        "required": list[str],
+        "additionalProperties": "bool | SchemaNode",
+        "items": "SchemaNode",
+        "anyOf": list["SchemaNode"],
+        "oneOf": list["SchemaNode"],
+        "allOf": list["SchemaNode"],
+        "enum": list[JSON],
+        "default": JSON,
+        "pattern": str,
+        "minItems": int,
+        "minimum": float,
+        "maximum": float,
+        "exclusiveMinimum": float,
+        "exclusiveMaximum": float,
+    },
+    total=False,
+)
+"""A JSON Schema object, as pydantic writes the runbook's: the keywords its readers use."""
+
+
+def json_schema() -> SchemaNode:
     """The runbook language as JSON Schema (for editors' completion and validation)."""
-    schema = Runbook.model_json_schema()
+    schema = cast(SchemaNode, Runbook.model_json_schema())
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "ralph-run runbook"
     return schema
