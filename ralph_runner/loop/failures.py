@@ -29,7 +29,7 @@ from typing import Any
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.loop.state import LastFailure
 from ralph_runner.output import step_ended
-from ralph_runner.process.output_text import clean, explaining_line, shorten
+from ralph_runner.process.output_text import clean, explaining_line, one_line
 
 TAIL_LINES = 20
 TAIL_BYTES = 2048
@@ -63,7 +63,7 @@ def status_text(
 ) -> str:
     """How a step ended, in words: never "exit None" (no exit code: what its output says)."""
     ended = step_ended(exit_code, timed_out, cancelled, stalled)
-    return ended or shorten(clean(output).replace("\n", "; ")) or "failed"
+    return ended or one_line(clean(output).replace("\n", "; ")) or "failed"
 
 
 def reason(step: str, status: str, tail: str, from_process: bool) -> str:
@@ -73,7 +73,7 @@ def reason(step: str, status: str, tail: str, from_process: bool) -> str:
     said = explaining_line(tail) or last
     if not from_process or not said:
         return f"{step}: {status}"
-    return f"{step}: {status}: {shorten(said)}"
+    return f"{step}: {status}: {one_line(said)}"
 
 
 def normalise(text: str, item: str) -> str:

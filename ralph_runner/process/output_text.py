@@ -1,6 +1,6 @@
 """What a command's output says, as text for people: what a terminal would have shown
 (`clean`), the line that explains a failure (`explaining_line`), and a reason on one line cut at
-a word (`shorten`). Loop strikes, pause and resume blocks and recovery steps all say why a
+a word (`one_line`). Loop strikes, pause and resume blocks and recovery steps all say why a
 command failed this way."""
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ def clean(text: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
-def shorten(text: str, limit: int = REASON_CHARS) -> str:
-    """`text` on one line, cut at the last word boundary before `limit` (with "…"), or whole
-    when it has no boundary to cut at."""
+def one_line(text: str, limit: int = REASON_CHARS) -> str:
+    """`text` on one line (its whitespace runs made one space), cut at the last word boundary
+    before `limit` (with " …"), or whole when it has no boundary to cut at. Not output.shorten,
+    which cuts any text at a column width: a reason keeps its words whole."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text

@@ -13,7 +13,7 @@ from ralph_runner.errors import FatalError
 from ralph_runner.output import step_ended
 from ralph_runner.process.connection import Connection
 from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT, IdleWatch
-from ralph_runner.process.output_text import clean, explaining_line, shorten
+from ralph_runner.process.output_text import clean, explaining_line, one_line
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
 
@@ -178,4 +178,4 @@ def failure_line(spec: TaskSpec, result: TaskResult) -> str:
     output = clean(result.output)
     lines = [line for line in output.split("\n") if line.strip()]
     said = explaining_line(output) or (lines[-1] if lines else None)
-    return f"step {spec.name!r} failed ({how})" + (f": {shorten(said)}" if said else "")
+    return f"step {spec.name!r} failed ({how})" + (f": {one_line(said)}" if said else "")

@@ -258,14 +258,14 @@ def test_clean_strips_escapes_and_keeps_the_last_overwrite_of_a_line():
     assert output_text.clean(text) == "Error: bad\n100%\ndone"
 
 
-def test_shorten_cuts_at_a_word_boundary_or_not_at_all():
-    assert output_text.shorten("short words") == "short words"
+def test_one_line_cuts_at_a_word_boundary_or_not_at_all():
+    assert output_text.one_line("short words") == "short words"
     long = " ".join(f"word{n}" for n in range(100))
-    cut = output_text.shorten(long, 50)
+    cut = output_text.one_line(long, 50)
     assert cut.endswith("…") and len(cut) <= 51 and long.startswith(cut[:-1])
     assert cut[:-1].split()[-1] in long.split()
     unbroken = "x" * 300
-    assert output_text.shorten(unbroken, 50) == unbroken
+    assert output_text.one_line(unbroken, 50) == unbroken
 
 
 def test_output_tail_masks_before_it_cuts():
