@@ -1,7 +1,7 @@
 """Kills the commands' process trees within a second of ralph-run's death, even a `kill -9`.
 
-execute.py starts this once per loop (`python -m ralph_runner.process.tree_guard`, in its own
-session) with a pipe as its stdin: `+PID` when a command starts, `-PID` when it ended. Only
+tree_guard_pipe.py starts this once per loop (`python -m ralph_runner.process.tree_guard`, in
+its own session) with a pipe as its stdin: `+PID` when a command starts, `-PID` when it ended. Only
 ralph-run holds the pipe's other end, so end-of-file means ralph-run is gone. Meanwhile every
 command runs with PR_SET_PDEATHSIG = SIGSTOP: when ralph-run dies, the kernel freezes the
 command, so its children stay its children (a killed parent would leave them to init, and a
