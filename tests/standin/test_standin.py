@@ -610,7 +610,8 @@ def test_agent_streams_and_a_death_mid_stream_fails_it(standin: StandIn, repo: P
 def test_the_server_runs_on_the_standard_library_alone() -> None:
     """The docker tier bind-mounts the stand-in into an image with nothing but python3: no
     module of the server may need a package from PyPI (python -S: no site-packages)."""
-    modules = ["server", "engine", "wire", "vllm_log", "scripted"]
+    modules = ["server", "api_server", "handler", "faults", "metrics", "generation", "engine"]
+    modules += ["wire", "vllm_log", "scripted"]
     code = "; ".join(f"import ralph_runner.standin.{m}" for m in modules)
     done = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
