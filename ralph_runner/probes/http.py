@@ -25,7 +25,7 @@ class Params(BaseModel):
     status: Templated[int] | list[int] = 200  # the status (or any of the statuses) that is healthy
     method: str = "GET"  # the HTTP method
     body_contains: str | None = None  # a text the body must hold
-    json_values: dict[str, Any] | None = Field(  # `json` shadows a BaseModel attribute
+    json_values: dict[str, object] | None = Field(  # `json` shadows a BaseModel attribute
         None,
         alias="json",
         description="values the JSON body must hold, by dotted path: "
@@ -68,7 +68,7 @@ def same(actual: Any, expected: Any) -> bool:
     )
 
 
-def json_mismatch(text: str, expected: dict[str, Any]) -> str | None:
+def json_mismatch(text: str, expected: dict[str, object]) -> str | None:
     """Why the body does not hold the expected values; None when it does."""
     try:
         data = json.loads(text)

@@ -37,9 +37,9 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 DEFAULT_TEXT = "OK"
+ToolArguments = dict[str, str | list[str]]  # a tool call's arguments (an argv: codex's `shell`)
 SCRIPT_KEYS = {"checklist", "reply", "items"}
 ITEM_KEYS = {"match", "shell", "files", "tick", "commit"}
 SHELL_TOOLS = ("bash", "exec_command", "shell_command", "shell")  # opencode, codex, older codex
@@ -101,22 +101,30 @@ class ItemPlan:
 
 
 @dataclass(frozen=True)
+class ItemScript:
+    """One of a script's `items`: what the agent does for an item whose text holds `match`
+    (files None: one file named after the item)."""
+
+    match: str = ""
+    files: dict[str, str] | None = None
+    shell: str | None = None
+    tick: bool = True
+    commit: bool = True
+
+
+@dataclass(frozen=True)
 class Script:
     checklist: str = "CHECKLIST.md"
     reply: str = DEFAULT_TEXT
-    items: tuple[dict[str, Any], ...] = ()
+    items: tuple[ItemScript, ...] = ()
 
     def plan_for(self, item: str) -> ItemPlan:
-        entry = next((e for e in self.items if str(e.get("match", "")) in item), {})
-        files = entry.get("files")
+        entry = next((e for e in self.items if e.match in item), ItemScript())
+        files = entry.files
         if files is None:
             files = {f"{slug(item)}.txt": f"{item}\n"}
         return ItemPlan(
-            item=item,
-            files={str(path): str(text) for path, text in files.items()},
-            shell=None if entry.get("shell") is None else str(entry["shell"]),
-            tick=bool(entry.get("tick", True)),
-            commit=bool(entry.get("commit", True)),
+            item=item, files=files, shell=entry.shell, tick=entry.tick, commit=entry.commit
         )
 
 
@@ -172,7 +180,20 @@ def parse_script(path: Path, text: str) -> Script:
     return Script(
         checklist=str(data.get("checklist", "CHECKLIST.md")),
         reply=str(data.get("reply", DEFAULT_TEXT)),
-        items=tuple(items),
+        items=tuple(item_script(entry) for entry in items),
+    )
+
+
+def item_script(entry: dict[object, object]) -> ItemScript:
+    """An `items` entry as read (its keys and `files` checked by parse_script), typed."""
+    files = entry.get("files")
+    shell = entry.get("shell")
+    return ItemScript(
+        match=str(entry.get("match", "")),
+        files=None if not isinstance(files, dict) else {str(p): str(t) for p, t in files.items()},
+        shell=None if shell is None else str(shell),
+        tick=bool(entry.get("tick", True)),
+        commit=bool(entry.get("commit", True)),
     )
 
 
@@ -229,14 +250,14 @@ def add_message(talk: Conversation, role: str, text: str) -> None:
         talk.tool_results.clear()  # a new user turn starts the plan again
 
 
-def tool_name(tool: Any) -> str | None:
+def tool_name(tool: object) -> str | None:
     """`{"type": "function", "function": {"name"}}` (chat) or `{"type": "function", "name"}`."""
     if not isinstance(tool, dict) or tool.get("type") != "function":
         return None
     return tool.get("name") or (tool.get("function") or {}).get("name")
 
 
-def text_of(content: Any) -> str:
+def text_of(content: object) -> str:
     """A message content as text: a string or a list of text parts (any wire format)."""
     if isinstance(content, str):
         return content
@@ -299,10 +320,10 @@ def tool_reply(talk: Conversation, script: Script, shell: str) -> Reply:
 
 def tool_steps(
     plan: ItemPlan, checklist: str, talk: Conversation, shell: str
-) -> list[tuple[str, dict[str, Any]]]:
+) -> list[tuple[str, ToolArguments]]:
     """The agent's tool calls for one item, in order, with the tools it offers."""
     workdir = workdir_of(talk)
-    steps: list[tuple[str, dict[str, Any]]] = []
+    steps: list[tuple[str, ToolArguments]] = []
     if plan.shell is not None:
         steps.append((shell, shell_arguments(shell, plan.shell, workdir)))
     if {"read", "edit", "write"} <= talk.tools:  # opencode: its own file tools
@@ -341,7 +362,7 @@ def absolute(workdir: str | None, path: str) -> str:
     return str(PurePosixPath(workdir) / path)
 
 
-def shell_arguments(tool: str, command: str, workdir: str | None) -> dict[str, Any]:
+def shell_arguments(tool: str, command: str, workdir: str | None) -> ToolArguments:
     """The arguments each agent's shell tool takes."""
     if tool == "exec_command":  # codex: {cmd, workdir}
         return {"cmd": command, **({"workdir": workdir} if workdir else {})}

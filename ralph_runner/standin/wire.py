@@ -13,9 +13,33 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Unpack
 
 from ralph_runner.standin.engine import Piece
+from ralph_runner.standin.payloads import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatMessage,
+    ChunkChoice,
+    ChunkExtras,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionEnvelope,
+    Delta,
+    ErrorBody,
+    FunctionCallItem,
+    MessageItem,
+    OutputItem,
+    OutputText,
+    Response,
+    ResponseUsage,
+    ToolCallDelta,
+    ToolCalls,
+    Usage,
+)
 from ralph_runner.standin.scripted import ToolCall
 from ralph_runner.standin.vllm_log import VERSION
 
@@ -23,17 +47,17 @@ DONE = b"data: [DONE]\n\n"
 FINGERPRINT = f"vllm-{VERSION}-standin"
 
 
-def sse(payload: dict[str, Any]) -> bytes:
+def sse(payload: Mapping[str, object]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
+def sse_event(payload: Mapping[str, object]) -> bytes:
     return (
         f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
     )
 
 
-def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+def error_body(message: str, kind: str, code: int) -> ErrorBody:
     """vLLM's ErrorResponse: `{"error": {"message", "type", "param", "code"}}`."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
@@ -54,15 +78,15 @@ def calls_of(pieces: list[Piece]) -> list[tuple[ToolCall, str]]:
     return [(call, "".join(parts)) for call, parts in calls.values()]
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int, details: bool = False) -> dict[str, Any]:
+def usage_of(prompt_tokens: int, completion_tokens: int, details: bool = False) -> Usage:
     """vLLM's UsageInfo; a whole body also carries its (empty) details."""
-    usage: dict[str, Any] = {
+    usage: Usage = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
     if details:
-        usage |= {"prompt_tokens_details": None, "completion_tokens_details": None}
+        usage["prompt_tokens_details"] = usage["completion_tokens_details"] = None
     return usage
 
 
@@ -72,7 +96,7 @@ class Format:
     api = ""
     prefix = ""
 
-    def __init__(self, model: str, request: dict[str, Any], prompt_tokens: int) -> None:
+    def __init__(self, model: str, request: Mapping[str, object], prompt_tokens: int) -> None:
         self.model = model
         self.request = request
         self.prompt_tokens = prompt_tokens
@@ -85,7 +109,7 @@ class Format:
         options = self.request.get("stream_options")
         return isinstance(options, dict) and bool(options.get("include_usage"))
 
-    def body(self, pieces: list[Piece], finish_reason: str) -> dict[str, Any]:
+    def body(self, pieces: list[Piece], finish_reason: str) -> Mapping[str, object]:
         raise NotImplementedError
 
     def stream_open(self) -> list[bytes]:
@@ -109,38 +133,39 @@ class Chat(Format):
     api = "chat"
     prefix = "chatcmpl"
 
-    def chunk(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+    def chunk(self, choice: ChunkChoice | None, **extra: Unpack[ChunkExtras]) -> bytes:
         """One chunk; vLLM adds `token_ids` to every choice after the first chunk's."""
         if choice is not None and "role" not in choice["delta"]:
             choice = {**choice, "token_ids": None}
-        return sse(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [choice] if choice else [],
-                **extra,
-            }
-        )
+        chunk: ChatCompletionChunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice] if choice else [],
+            **extra,
+        }
+        return sse(chunk)
 
-    def body(self, pieces: list[Piece], finish_reason: str) -> dict[str, Any]:
+    def body(self, pieces: list[Piece], finish_reason: str) -> ChatCompletion:
         text, calls = text_of(pieces), calls_of(pieces)
-        message: dict[str, Any] = {
+        tool_calls: ToolCalls = {}  # vLLM leaves an empty list out
+        if calls:
+            tool_calls["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": a}}
+                for call, a in calls
+            ]
+        message: ChatMessage = {
             "role": "assistant",
             "content": text if text or not calls else None,
             "refusal": None,
             "annotations": None,
             "audio": None,
             "function_call": None,
+            **tool_calls,
+            "reasoning": None,
         }
-        if calls:  # vLLM leaves an empty list out
-            message["tool_calls"] = [
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": a}}
-                for call, a in calls
-            ]
-        message["reasoning"] = None
-        choice = {
+        choice: ChatChoice = {
             "index": 0,
             "message": message,
             "logprobs": None,
@@ -167,8 +192,8 @@ class Chat(Format):
         }
 
     def stream_open(self) -> list[bytes]:
-        delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        delta: Delta = {"role": "assistant", "content": ""}
+        choice: ChunkChoice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         return [self.chunk(choice, prompt_token_ids=None, prompt_text=None)]
 
     def stream_pieces(self, pieces: list[Piece]) -> list[bytes]:
@@ -178,13 +203,18 @@ class Chat(Format):
         self.generated += pieces
         frames = []
         for delta in deltas_of(pieces):
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            choice: ChunkChoice = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": None,
+            }
             frames.append(self.chunk(choice))
         return frames
 
     def stream_close(self, finish_reason: str) -> list[bytes]:
-        delta = {} if finish_reason == "tool_calls" else {"content": ""}
-        choice = {
+        delta: Delta = {} if finish_reason == "tool_calls" else {"content": ""}
+        choice: ChunkChoice = {
             "index": 0,
             "delta": delta,
             "logprobs": None,
@@ -201,23 +231,29 @@ class Chat(Format):
         ]
 
 
-def deltas_of(pieces: list[Piece]) -> list[dict[str, Any]]:
-    deltas: list[dict[str, Any]] = []
+def deltas_of(pieces: list[Piece]) -> list[Delta]:
+    deltas: list[Delta] = []
     for piece in pieces:
         if piece.opens is not None:
+            assert piece.call is not None  # an opening piece carries its call's index
             call = piece.opens
-            opening = {"index": piece.call, "id": call.id, "type": "function"}
-            deltas.append({"tool_calls": [{**opening, "function": {"name": call.name}}]})
+            opening: ToolCallDelta = {
+                "index": piece.call,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name},
+            }
+            deltas.append({"tool_calls": [opening]})
         elif piece.call is not None:
-            last = deltas[-1]["tool_calls"][0] if deltas and "tool_calls" in deltas[-1] else None
-            if (
-                last is not None
-                and last["index"] == piece.call
-                and "arguments" in last.get("function", {})
-            ):
+            calls = deltas[-1].get("tool_calls") if deltas else None
+            last = calls[0] if calls else None
+            if last is not None and last["index"] == piece.call and "arguments" in last["function"]:
                 last["function"]["arguments"] += piece.text
             else:
-                arguments = {"index": piece.call, "function": {"arguments": piece.text}}
+                arguments: ToolCallDelta = {
+                    "index": piece.call,
+                    "function": {"arguments": piece.text},
+                }
                 deltas.append({"tool_calls": [arguments]})
         elif deltas and "content" in deltas[-1]:
             deltas[-1]["content"] += piece.text
@@ -233,7 +269,7 @@ class Completions(Format):
     prefix = "cmpl"
 
     def frame(self, text: str, finish_reason: str | None) -> bytes:
-        choice = {
+        choice: CompletionChoice = {
             "index": 0,
             "text": text,
             "logprobs": None,
@@ -242,7 +278,7 @@ class Completions(Format):
         }
         return sse(self.envelope([choice]))
 
-    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def envelope(self, choices: list[CompletionChoice]) -> CompletionEnvelope:
         return {
             "id": self.id,
             "object": "text_completion",
@@ -251,8 +287,8 @@ class Completions(Format):
             "choices": choices,
         }
 
-    def body(self, pieces: list[Piece], finish_reason: str) -> dict[str, Any]:
-        choice = {
+    def body(self, pieces: list[Piece], finish_reason: str) -> Completion:
+        choice: CompletionChoice = {
             "index": 0,
             "text": text_of(pieces),
             "logprobs": None,
@@ -278,7 +314,8 @@ class Completions(Format):
         frames = [self.frame("", finish_reason)]
         if self.include_usage:
             usage = usage_of(self.prompt_tokens, len(self.generated))
-            frames.append(sse({**self.envelope([]), "usage": usage}))
+            usage_chunk: CompletionChunk = {**self.envelope([]), "usage": usage}
+            frames.append(sse(usage_chunk))
         return [*frames, DONE]
 
 
@@ -288,19 +325,19 @@ class Responses(Format):
 
     api = "responses"
 
-    def __init__(self, model: str, request: dict[str, Any], prompt_tokens: int) -> None:
+    def __init__(self, model: str, request: Mapping[str, object], prompt_tokens: int) -> None:
         super().__init__(model, request, prompt_tokens)
         self.id = f"resp_{uuid.uuid4().hex}"
         self.sequence_number = 0
-        self.items: list[dict[str, Any]] = []  # output items, in order, as they are built
-        self.open_item: dict[str, Any] | None = None
+        self.items: list[OutputItem] = []  # output items, in order, as they are built
+        self.open_item: OutputItem | None = None
         self.open_text = ""  # the text of the open message item so far
 
-    def response(self, status: str, output: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    def response(self, status: str, output: list[OutputItem], tokens: int) -> Response:
         """vLLM 0.32's ResponsesResponse, field for field."""
         request = self.request
         tools = request.get("tools") or []
-        usage = None
+        usage: ResponseUsage | None = None
         if status != "in_progress":
             usage = {
                 "input_tokens": self.prompt_tokens,
@@ -360,8 +397,8 @@ class Responses(Format):
     def status_of(finish_reason: str) -> str:
         return "incomplete" if finish_reason == "length" else "completed"
 
-    def body(self, pieces: list[Piece], finish_reason: str) -> dict[str, Any]:
-        output = []
+    def body(self, pieces: list[Piece], finish_reason: str) -> Response:
+        output: list[OutputItem] = []
         text = text_of(pieces)
         if text or not calls_of(pieces):
             output.append(message_item(f"msg_{uuid.uuid4().hex}", text, "completed"))
@@ -369,7 +406,8 @@ class Responses(Format):
             output.append(function_call_item(call, arguments, "completed"))
         return self.response(self.status_of(finish_reason), output, len(pieces))
 
-    def event(self, kind: str, **fields: Any) -> bytes:
+    def event(self, kind: str, **fields: object) -> bytes:
+        """One event of the stream: its type, its fields, its sequence number."""
         payload = {"type": kind, **fields, "sequence_number": self.sequence_number}
         self.sequence_number += 1
         return sse_event(payload)
@@ -400,7 +438,7 @@ class Responses(Format):
         item = message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
         item["content"] = []
         self.open_item, self.open_text = item, ""
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        part: OutputText = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         index = len(self.items)
         return [
             self.event("response.output_item.added", output_index=index, item=dict(item)),
@@ -436,7 +474,7 @@ class Responses(Format):
 
     def function_call_delta(self, text: str) -> list[bytes]:
         item = self.open_item
-        assert item is not None  # the call's opening piece came first
+        assert item is not None and item["type"] == "function_call"  # its opening piece came first
         item["arguments"] += text
         return [
             self.event(
@@ -453,6 +491,7 @@ class Responses(Format):
         if item is None:
             return []
         self.open_item = None
+        done: OutputItem
         if item["type"] == "function_call":
             done = {**item, "status": "completed"}
             frames = [
@@ -503,7 +542,7 @@ class Responses(Format):
         return [self.event("error", code="InternalServerError", message=message, param=None)]
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str) -> MessageItem:
     """A message output item; a finished one's text part has `logprobs: null`, as vLLM's."""
     return {
         "id": item_id,
@@ -515,7 +554,7 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def function_call_item(call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
+def function_call_item(call: ToolCall, arguments: str, status: str) -> FunctionCallItem:
     return {
         "id": f"fc_{uuid.uuid4().hex}",
         "type": "function_call",
