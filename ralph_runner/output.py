@@ -1,4 +1,5 @@
-"""What the operator sees: readable lines (coloured on a terminal) or one JSON event per line."""
+"""The run's event bus, and what the operator sees of it: readable lines (coloured on a
+terminal) or one JSON event per line; the one style of text for people."""
 
 from __future__ import annotations
 
@@ -8,44 +9,39 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import IO, Protocol
 
+from ralph_runner import events
 from ralph_runner.durable.redaction import Redactor
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 
 
-class Output:
-    """`event(kind, **fields)` is the one way the loop reports; thread-safe."""
+class Follower(Protocol):
+    """Follows the run's events (the history, the metrics textfile, the notifier, the pause
+    control, the console), each by the event's class."""
+
+    def on_event(self, event: events.Event) -> None: ...
+
+
+class Console:
+    """What the operator sees of the events: readable lines (coloured on a terminal, `-v` adds
+    the steps and their output) or, with `--json`, one JSON line per event."""
 
     def __init__(
-        self,
-        *,
-        json_lines: bool = False,
-        stream: IO[str] | None = None,
-        verbose: int = 0,
-        redactor: Redactor | None = None,
+        self, *, json_lines: bool = False, stream: IO[str] | None = None, verbose: int = 0
     ) -> None:
         self.json_lines, self.verbose = json_lines, verbose
         self.stream = stream or sys.stdout
-        self.redactor = redactor or Redactor([])
         self.colour = not json_lines and self.stream.isatty()
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._ticker: _Ticker | None = None
-        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
-    def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
-        """Also hand every event (kind, masked fields) to `listener`: the iteration history,
-        the metrics textfile and notifications follow the loop this way, not by hooks in it.
-        A listener that raises is reported once as a warning and dropped; the loop goes on."""
-        self._listeners.append(listener)
-
-    def event(self, kind: str, **fields: Any) -> None:
-        fields = self.redactor.data(fields)
-        self._notify(kind, fields)
-        if self.colour and kind in ("step", "step-done"):
-            self._tick(fields["step"] if kind == "step" else None)
+    def on_event(self, event: events.Event) -> None:
+        kind, fields = event.kind, event.json_fields()
+        if self.colour and isinstance(event, events.Step | events.StepDone):
+            self._tick(event.step if isinstance(event, events.Step) else None)
         with self._lock:
             if self.json_lines:
                 line = json.dumps(
@@ -58,21 +54,13 @@ class Output:
                 if render is None or (kind in VERBOSE_ONLY and not self.verbose):
                     return
                 line = render(fields, self._paint)
-                if "host" in fields:  # a fleet run: every line says whose it is
-                    line = self._paint("cyan", f"[{fields['host']}]") + " " + line
+                if event.host is not None:  # a fleet run: every line says whose it is
+                    line = self._paint("cyan", f"[{event.host}]") + " " + line
                 elapsed = time.monotonic() - self._started
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
                 if self.colour:
                     line = "\r\033[K" + line  # over the ticker's line, if one is drawn
             print(line, file=self.stream, flush=True)
-
-    def _notify(self, kind: str, fields: dict[str, Any]) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(kind, fields)
-            except Exception as exc:  # a broken listener must never stop the loop
-                self._listeners.remove(listener)
-                self.event("warning", message=f"event listener {listener!r} failed: {exc}")
 
     def _tick(self, step: str | None) -> None:
         """On a terminal, a live line under the log: the running step and its elapsed time."""
@@ -84,6 +72,39 @@ class Output:
 
     def _paint(self, colour: str, text: str) -> str:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
+
+
+class EventBus:
+    """`emit(event)` is the one way the run reports; thread-safe. Every follower, the console
+    last, sees the event with its secrets masked."""
+
+    def __init__(self, console: Console, redactor: Redactor | None = None) -> None:
+        self.console = console
+        self.redactor = redactor or Redactor([])
+        self._followers: list[Follower] = []
+
+    @property
+    def verbose(self) -> int:
+        return self.console.verbose
+
+    def follow(self, follower: Follower) -> None:
+        """Also hand every event to `follower`: the iteration history, the metrics textfile and
+        notifications follow the loop this way, not by hooks in it. A follower that raises is
+        reported once as a warning and dropped; the loop goes on."""
+        self._followers.append(follower)
+
+    def emit(self, event: events.Event) -> None:
+        event = events.masked(event, self.redactor.data(event.json_fields()))
+        for follower in list(self._followers):
+            try:
+                follower.on_event(event)
+            except Exception as exc:  # a broken follower must never stop the loop
+                self._followers.remove(follower)
+                self.warn(f"event listener {follower!r} failed: {exc}")
+        self.console.on_event(event)
+
+    def warn(self, message: str) -> None:
+        self.emit(events.Warning(message=message))
 
 
 class _Ticker:
@@ -396,7 +417,7 @@ def step_ended(
 IRREGULAR = {"recovery": "recoveries"}
 
 
-def plural(count: Any, noun: str) -> str:
+def plural(count: object, noun: str) -> str:
     """A count with its noun: "1 death", "3 deaths", "2 recoveries", "? attempts"."""
     return f"{count} {noun if count == 1 else IRREGULAR.get(noun, noun + 's')}"
 

@@ -33,7 +33,7 @@ TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "re
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
-    "test_limit_patterns", "test_no_mirror_hosts",
+    "test_limit_patterns", "test_no_mirror_hosts", "test_json_events", "test_iteration",
     "test_status_file", "test_typed_files",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)

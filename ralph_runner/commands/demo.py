@@ -22,7 +22,7 @@ from ralph_runner.deaths import log as death_log
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import state
 from ralph_runner.loop.runner import Runner
-from ralph_runner.output import Output
+from ralph_runner.output import Console, EventBus
 from ralph_runner.process import execute
 from ralph_runner.runbook import loader, plan
 
@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         os.chdir(workspace)
         (selected,) = plan.build(RUNBOOK, None, None, extra)
-        output = Output(json_lines=args.json)
+        output = EventBus(Console(json_lines=args.json))
         chaos = threading.Thread(target=_chaos, args=(workspace, standin), daemon=True)
         chaos.start()
         code = Runner(selected, output).run()

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Protocol
+from typing import Protocol
 
-from ralph_runner import crash
+from ralph_runner import crash, events
 from ralph_runner.commands import options
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import ExitCode, FatalError, Interrupted
 from ralph_runner.fleet import run as fleet
 from ralph_runner.loop.runner import Runner
-from ralph_runner.output import Output
+from ralph_runner.output import Console, EventBus
 from ralph_runner.runbook import plan
 
 
 class Follower(Protocol):
     """Follows the event stream and has a last word when the run ends."""
 
-    def __call__(self, kind: str, fields: dict[str, Any]) -> None: ...
+    def on_event(self, event: events.Event) -> None: ...
 
     def close(self, code: int) -> None: ...
 
@@ -50,12 +50,11 @@ def main(args: argparse.Namespace) -> int:
     if len(plans) > 1:
         secrets = [value for p in plans for value in p.secret_values()]
         crash.register(redactor=Redactor(secrets))
-        output = Output(json_lines=args.json, verbose=args.verbose, redactor=Redactor(secrets))
-        return fleet.run(plans, args, output)
+        console = Console(json_lines=args.json, verbose=args.verbose)
+        return fleet.run(plans, args, EventBus(console, Redactor(secrets)))
     (selected,) = plans
-    output = Output(
-        json_lines=args.json, verbose=args.verbose, redactor=Redactor(selected.secret_values())
-    )
+    console = Console(json_lines=args.json, verbose=args.verbose)
+    output = EventBus(console, Redactor(selected.secret_values()))
     followers = _followers(selected, output)
     code: int = ExitCode.INTERNAL  # what an unexpected exception will exit with
     try:
@@ -71,13 +70,10 @@ def main(args: argparse.Namespace) -> int:
             follower.close(code)
 
 
-def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
+def _followers(selected: plan.Plan, output: EventBus) -> list[Follower]:
     """The metrics textfile and the notifier, when the runbook asks for them (imported only
     then: Apprise alone takes half a second to import)."""
-
-    def warn(message: str) -> None:
-        output.event("warning", message=message)
-
+    warn = output.warn
     found: list[Follower] = []
     if selected.model.metrics is not None:
         from ralph_runner.fleet import metrics
@@ -92,5 +88,5 @@ def _followers(selected: plan.Plan, output: Output) -> list[Follower]:
         targets = notify.targets(selected)
         found.append(notify.Notifier(config, targets, selected.host, warn))
     for follower in found:
-        output.subscribe(follower)
+        output.follow(follower)
     return found

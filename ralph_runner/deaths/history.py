@@ -1,11 +1,9 @@
 """The iteration history: one JSON line per iteration in `.ralph/iterations.jsonl`.
 
-It follows the loop's event stream (Output.subscribe), so the loop has no hook for it: an
-`iteration` event opens a line, and the event that settles the iteration closes it: `done`,
-`retry` (the service died: outcome `death`), `strike`, `skip`, or `limited` (a usage
-limit, waited out: loop/limits.py) (a last strike is followed by
-its skip, so it waits for it). A run that ends inside an iteration (gave up, interrupted, a
-runbook error) closes it with that outcome. `death` events in between give the death numbers.
+It follows the run's events (a Follower of output.EventBus), so the loop has no hook for it: an
+`Iteration` event opens a line, and the `IterationEnded` the loop emits closes it with the
+outcome the loop decided (done, death, strike, skipped, limited, paused; or how the run ended
+inside it: gave-up, interrupted, failed). `Death` events in between give the death numbers.
 
 Receipts: each line also says what the iteration made and spent: `head_before`, `head_after`,
 `commit` (HEAD after, when it moved), `files_changed`, `insertions`, `deletions` (`git diff
@@ -25,8 +23,9 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import NotRequired, Protocol, Self, TypedDict
 
+from ralph_runner import events
 from ralph_runner.durable import jsonl
 from ralph_runner.process import execute
 from ralph_runner.workspace import git
@@ -42,10 +41,66 @@ class ProxyTotals(Protocol):
 
     def minus(self, earlier: Self) -> Self: ...
 
-    def receipt(self) -> dict[str, Any]: ...
+    def receipt(self) -> ProxyReceipt: ...
 
 
-# What the loop's agent proxy has counted so far (Proxy.totals); None: no proxy runs.
+class ProxyReceipt(TypedDict):
+    """An iteration's own requests, as the agent proxy counted them (loop/proxy.py)."""
+
+    requests: int
+    request_errors: int
+    prompt_tokens: int
+    generated_tokens: int
+    tokens_estimated: bool
+    first_token_seconds: float | None
+    generation_seconds: float
+    request_seconds: float
+
+
+class Line(TypedDict):
+    """One line of `.ralph/iterations.jsonl` (docs/deaths.md), in the order it is written."""
+
+    event: str
+    time: str
+    started: float
+    host: str
+    machine: str
+    iteration: int
+    item: str
+    strikes_before: int
+    prompt_chars: int
+    prompt_bytes: int
+    deaths_before: int
+    deaths: list[int]
+    reason: NotRequired[str]
+    strikes: NotRequired[int]
+    limit: NotRequired[events.LimitFacts]
+    outcome: NotRequired[str]
+    seconds: NotRequired[float]
+    prompt_tokens: NotRequired[int | None]
+    tokens_note: NotRequired[str | None]
+    head_before: NotRequired[str | None]
+    head_after: NotRequired[str | None]
+    commit: NotRequired[str | None]
+    files_changed: NotRequired[int | None]
+    insertions: NotRequired[int | None]
+    deletions: NotRequired[int | None]
+    receipt: NotRequired[ProxyReceipt | None]
+    receipt_note: NotRequired[str]
+
+
+class GitReceipt(TypedDict):
+    """What the iteration changed in the repository; None: no git facts (not a repository)."""
+
+    head_before: str | None
+    head_after: str | None
+    commit: str | None  # HEAD after, when it moved
+    files_changed: int | None
+    insertions: int | None
+    deletions: int | None
+
+
+# What the loop's agent proxy has counted so far (Proxy.settled); None: no proxy runs.
 Meter = Callable[[], ProxyTotals]
 NO_PROXY = "no agent proxy (loop.proxy): the loop's own tokens are not counted"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's empty tree (SHA-1 repositories)
@@ -53,7 +108,7 @@ SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
 
 
 class History:
-    """Writes one line per iteration of one run; an Output listener."""
+    """Writes one line per iteration of one run; a follower of the run's events."""
 
     def __init__(
         self,
@@ -62,44 +117,37 @@ class History:
         tokens: TokenCounter | None = None,
         warn: Callable[[str], None] = lambda message: None,
         workdir: Path | None = None,
-        report: Callable[[dict[str, Any]], None] | None = None,
+        report: Callable[[events.Receipt], None] | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.path, self.host, self.tokens, self.warn = path, host, tokens, warn
         self.workdir = workdir  # for the receipts' HEAD and shortstat; None: no git facts
         self.report = report  # handed each receipt the proxy counted (a `receipt` event)
-        self.meter: Meter | None = None  # set by the runner while its agent proxy runs
+        self.meter = meter  # the run's agent proxy's counters; None: no proxy runs
         self._meter_at_start: ProxyTotals | None = None
         self.machine = socket.gethostname()
-        self.open: dict[str, Any] | None = None
+        self.open: Line | None = None
+        self._head_before: str | None = None
         self._tokens_at_start: float | None = None
         self._tokens_why: str | None = None
         self._started = 0.0
 
-    def on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind == "iteration":
+    def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Iteration):
             self.close("unknown")  # a line left open would be an iteration the loop abandoned
-            self._begin(fields)
+            self._begin(event)
         elif self.open is None:
             return
-        elif kind == "death":
-            self.open["deaths"].append(fields.get("death"))
-        elif kind == "done":
-            self.close("done")
-        elif kind == "retry":
-            self.open["reason"] = fields.get("reason")
-            self.close("death")
-        elif kind == "strike":
-            self.open["strikes"] = fields.get("strikes")
-            self.open["reason"] = fields.get("reason")
-            if (fields.get("strikes") or 0) < (fields.get("of") or 0):
-                self.close("strike")  # else: the skip that follows closes it
-        elif kind == "skip":
-            self.close("skipped")
-        elif kind == "limited":  # a usage limit: waited out (or the run stopped), no strike
-            self.open["limit"] = {k: fields.get(k) for k in ("source", "seconds", "reset")}
-            self.close("limited")
-        elif kind == "paused":  # `pause --now` ended the iteration: no outcome counted
-            self.close("paused")
+        elif isinstance(event, events.Death):
+            self.open["deaths"].append(event.death)
+        elif isinstance(event, events.IterationEnded):
+            if event.reason is not None:
+                self.open["reason"] = event.reason
+            if event.strikes is not None:
+                self.open["strikes"] = event.strikes
+            if event.limit is not None:
+                self.open["limit"] = event.limit
+            self.close(event.outcome)
 
     def close(self, outcome: str) -> None:
         """Write the iteration in hand with `outcome`; nothing when none is open."""
@@ -109,35 +157,37 @@ class History:
         line["outcome"] = outcome
         line["seconds"] = round(time.monotonic() - self._started, 3)
         line["prompt_tokens"], line["tokens_note"] = self._token_delta(bool(line["deaths"]))
-        line.update(self._git_receipt(line.pop("head_before", None)))
-        line.update(self._proxy_receipt())
-        if line.get("receipt") and self.report is not None:
-            self.report({"iteration": line["iteration"], "item": line["item"], **line["receipt"]})
+        line.update(self._git_receipt(self._head_before))
+        receipt = self._proxy_receipt()
+        line["receipt"] = receipt
+        if receipt is None:
+            line["receipt_note"] = NO_PROXY
+        elif self.report is not None:
+            self.report(events.Receipt(iteration=line["iteration"], item=line["item"], **receipt))
         try:
-            jsonl.append(self.path, [line])
+            jsonl.append(self.path, [dict(line)])
         except OSError as exc:  # a full disk must not stop the loop; the next line may fit
             self.warn(f"iteration {line['iteration']} not written to {self.path}: {exc}")
 
-    def _begin(self, fields: dict[str, Any]) -> None:
+    def _begin(self, event: events.Iteration) -> None:
         now = time.time()
         self._started = time.monotonic()
         self._tokens_at_start, self._tokens_why = self._read_tokens()
         self._meter_at_start = self._read_meter()
-        head_before = self._head()
+        self._head_before = self._head()
         self.open = {
             "event": EVENT,
             "time": datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
             "started": round(now, 3),
             "host": self.host,
             "machine": self.machine,
-            "iteration": fields.get("iteration"),
-            "item": fields.get("item"),
-            "strikes_before": fields.get("attempts"),
-            "prompt_chars": fields.get("prompt_size"),
-            "prompt_bytes": fields.get("prompt_bytes"),
-            "deaths_before": fields.get("deaths"),
+            "iteration": event.iteration,
+            "item": event.item,
+            "strikes_before": event.attempts,
+            "prompt_chars": event.prompt_size,
+            "prompt_bytes": event.prompt_bytes,
+            "deaths_before": event.deaths,
             "deaths": [],
-            "head_before": head_before,
         }
 
     # -- receipts ------------------------------------------------------------------
@@ -150,12 +200,14 @@ class History:
             self.warn(f"the agent proxy's counters could not be read: {exc}")
             return None
 
-    def _proxy_receipt(self) -> dict[str, Any]:
+    def _proxy_receipt(self) -> ProxyReceipt | None:
+        """The iteration's own requests; None: no proxy runs (or it could not be read)."""
         start, self._meter_at_start = self._meter_at_start, None
         end = self._read_meter() if start is not None else None
         if start is None or end is None:
-            return {"receipt": None, "receipt_note": NO_PROXY}
-        return {"receipt": end.minus(start).receipt()}
+            return None
+        receipt: ProxyReceipt = end.minus(start).receipt()
+        return receipt
 
     def _head(self) -> str | None:
         if self.workdir is None:
@@ -165,13 +217,25 @@ class History:
         except Exception:  # not a repository, git missing: no git facts, the line stays
             return None
 
-    def _git_receipt(self, before: str | None) -> dict[str, Any]:
+    def _git_receipt(self, before: str | None) -> GitReceipt:
         after = self._head()
-        facts: dict[str, Any] = {"head_before": before, "head_after": after}
-        facts["commit"] = after if after is not None and after != before else None
-        facts.update(files_changed=0, insertions=0, deletions=0)
+        commit = after if after is not None and after != before else None
+        facts = GitReceipt(
+            head_before=before,
+            head_after=after,
+            commit=commit,
+            files_changed=0,
+            insertions=0,
+            deletions=0,
+        )
+        unknown: GitReceipt = {
+            **facts,
+            "files_changed": None,
+            "insertions": None,
+            "deletions": None,
+        }
         if after is None:
-            return {**facts, "files_changed": None, "insertions": None, "deletions": None}
+            return unknown
         if after == before or self.workdir is None:
             return facts
         result = execute.run(
@@ -180,10 +244,14 @@ class History:
             timeout=60,
         )
         if not result.ok:
-            return {**facts, "files_changed": None, "insertions": None, "deletions": None}
+            return unknown
         for number, kind in SHORTSTAT.findall(result.output):
-            key = {"file": "files_changed", "insertion": "insertions", "deletion": "deletions"}
-            facts[key[kind]] = int(number)
+            if kind == "file":
+                facts["files_changed"] = int(number)
+            elif kind == "insertion":
+                facts["insertions"] = int(number)
+            else:
+                facts["deletions"] = int(number)
         return facts
 
     def _read_tokens(self) -> tuple[float | None, str | None]:

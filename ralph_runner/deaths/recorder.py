@@ -291,12 +291,12 @@ class Recorder:
         self,
         settings: Settings,
         directory: Path,
-        emit: Callable[..., None] | None = None,
+        warn: Callable[[str], None] | None = None,
         redactor: Redactor | None = None,
     ) -> None:
         self.settings = settings
         self.ring = Ring(directory, settings.max_bytes, redactor=redactor)
-        self.emit = emit or (lambda kind, **fields: None)
+        self.warn = warn or (lambda message: None)
         self.missing: set[str] = set()
         self.latest: dict[str, float] = {}
         self.scrape_error: str | None = None
@@ -380,7 +380,7 @@ class Recorder:
                 self.missing.add(name)
                 message = f"the server at {self.settings.url} exposes no {name}: not sampled"
                 self._note(message)
-                self.emit("warning", message=f"recorder: {message}")
+                self.warn(f"recorder: {message}")
         return metrics, None
 
     def prompt_tokens(self) -> tuple[float | None, str | None]:

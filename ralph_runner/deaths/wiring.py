@@ -1,10 +1,11 @@
 """Deaths as data, wired to one run: the flight recorder, the iteration history, signatures.
 
-`attached(plan, output, state_dir)` wraps a run: it starts the recorder (when the runbook has a
-`recorder:`), subscribes the iteration history to the event stream, and notes in
+`attached(plan, bus, state_dir, meter)` wraps a run: it starts the recorder (when the runbook
+has a `recorder:`), makes the iteration history follow the run's events, and notes in
 `.ralph/sources.json` where this workdir's death records are, so that `ralph-run deaths WORKDIR`
-and `ralph-run report WORKDIR` find them. `at_death(plan, record)` is what a death record gets
-from it: the recorder's last minutes and the death's signature.
+and `ralph-run report WORKDIR` find them. It gives the run its `Session`, which the runner hands
+to the service's death path: `Session.at_death(record)` is what a death record gets from it,
+the recorder's last minutes and the death's signature.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ralph_runner import events
 from ralph_runner.deaths import signatures
-from ralph_runner.deaths.history import History
+from ralph_runner.deaths.history import History, Meter
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.deaths.recorder import DIRECTORY, Recorder, Settings
@@ -26,30 +28,39 @@ from ralph_runner.errors import FatalError
 from ralph_runner.workspace.state_files import HISTORY_FILE, SOURCES_FILE
 
 if TYPE_CHECKING:
-    from ralph_runner.output import Output
+    from ralph_runner.output import EventBus
     from ralph_runner.runbook.plan import Plan
 
 MIB = 1024 * 1024
-# How a run that ends inside an iteration closes its history line, by the exception's class.
-ENDINGS = {"GaveUp": "gave-up", "Interrupted": "interrupted", "FatalError": "failed"}
 
 
 @dataclass
 class Session:
+    """One run's records: its iteration history and its flight recorder; a follower of its
+    events while the run lasts."""
+
     plan: Plan
     history: History
     recorder: Recorder | None
     active: bool = True
 
-    def on_event(self, kind: str, fields: dict[str, Any]) -> None:
+    def on_event(self, event: events.Event) -> None:
         if not self.active:
             return
-        self.history.on_event(kind, fields)
-        if kind == "recovery" and fields.get("recovered") and self.recorder is not None:
-            self.recorder.mark_recovery(fields.get("death"))
+        self.history.on_event(event)
+        if isinstance(event, events.Recovery) and event.recovered and self.recorder is not None:
+            self.recorder.mark_recovery(event.death)
 
-
-_sessions: dict[Path, Session] = {}  # workdir -> the run attached to it in this process
+    def at_death(self, record: DeathRecord) -> DeathRecord:
+        """What a death record gets from here: the recorder's window and the signature."""
+        fields: DeathRecord = {}
+        if self.recorder is not None:
+            try:
+                fields["recorder"] = self.recorder.window()
+            except Exception as exc:  # the death must be recorded whatever became of the ring
+                fields["recorder"] = {"error": f"the recorder's window could not be read: {exc}"}
+        fields.update(signatures.of_record({**record, **fields}))
+        return fields
 
 
 def settings_for(plan: Plan) -> Settings | None:
@@ -97,59 +108,40 @@ def describe(settings: Settings) -> str:
 
 
 @contextlib.contextmanager
-def attached(plan: Plan, output: Output, state_dir: Path) -> Iterator[Session]:
-    """Record this run: start the recorder, follow the events into the history."""
+def attached(
+    plan: Plan, bus: EventBus, state_dir: Path, meter: Meter | None = None
+) -> Iterator[Session]:
+    """Record this run: start the recorder, make the history follow the events (with `meter`,
+    the agent proxy's counters, for its receipts)."""
     write_sources(state_dir, plan, death_log_for(plan).records_path)
     settings = settings_for(plan)
     recorder = None
     if settings is not None:
         try:
-            recorder = Recorder(settings, state_dir / DIRECTORY, output.event, output.redactor)
+            recorder = Recorder(settings, state_dir / DIRECTORY, bus.warn, bus.redactor)
         except OSError as exc:  # an unwritable state dir: the loop matters more than its record
-            output.event("warning", message=f"recorder not started: {exc}")
+            bus.warn(f"recorder not started: {exc}")
     history = History(
         state_dir / HISTORY_FILE,
         plan.host,
         tokens=recorder.prompt_tokens if recorder else None,
-        warn=lambda message: output.event("warning", message=f"history: {message}"),
+        warn=lambda message: bus.warn(f"history: {message}"),
         workdir=plan.workdir,
-        report=lambda receipt: output.event("receipt", **receipt),
+        report=bus.emit,
+        meter=meter,
     )
     session = Session(plan, history, recorder)
-    output.subscribe(session.on_event)
+    bus.follow(session)
     if recorder is not None and settings is not None:
-        output.event("recorder", message=describe(settings))
+        bus.emit(events.Recorder(message=describe(settings)))
         recorder.start()
-    _sessions[plan.workdir] = session
-    ending = "unknown"
     try:
         yield session
-    except BaseException as exc:
-        ending = next((v for k, v in ENDINGS.items() if _is(exc, k)), "failed")
-        raise
     finally:
-        _sessions.pop(plan.workdir, None)
-        history.close(ending)
+        history.close("unknown")  # the loop ended its iteration; a line left open is unknown
         session.active = False
         if recorder is not None:
             recorder.stop()
-
-
-def _is(exc: BaseException, name: str) -> bool:
-    return any(cls.__name__ == name for cls in type(exc).__mro__)
-
-
-def at_death(plan: Plan, record: DeathRecord) -> DeathRecord:
-    """What a death record gets from here: the recorder's window and the signature."""
-    session = _sessions.get(plan.workdir)
-    fields: DeathRecord = {}
-    if session is not None and session.recorder is not None:
-        try:
-            fields["recorder"] = session.recorder.window()
-        except Exception as exc:  # the death must be recorded whatever became of the ring
-            fields["recorder"] = {"error": f"the recorder's window could not be read: {exc}"}
-    fields.update(signatures.of_record({**record, **fields}))
-    return fields
 
 
 def write_sources(state_dir: Path, plan: Plan, records: Path) -> None:

@@ -1,9 +1,9 @@
 """The loop as Prometheus metrics: a node_exporter textfile, rewritten at each change.
 
 node_exporter's textfile collector serves every `*.prom` file of a directory, so an operator's
-existing Prometheus sees each loop with no server of ours. The file follows the event stream
-(`Output.subscribe`); prometheus_client renders it and writes it atomically (a temp file in the
-same directory, then rename). A heartbeat rewrites it every HEARTBEAT s so that
+existing Prometheus sees each loop with no server of ours. The file follows the run's events
+(a follower of output.EventBus); prometheus_client renders it and writes it atomically (a temp
+file in the same directory, then rename). A heartbeat rewrites it every HEARTBEAT s so that
 `ralph_last_update_timestamp_seconds` tells a loop that hangs from one that is busy.
 Counters count from the start of this ralph-run process (Prometheus' `increase()` copes with
 the reset of a restarted loop).
@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 
+from ralph_runner import events
 from ralph_runner.errors import FatalError
 from ralph_runner.runbook.plan import Plan
 
@@ -27,6 +27,11 @@ HEARTBEAT = 30.0  # seconds between rewrites while nothing happens
 RECOVERY_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 SIGNATURES = 10  # distinct death signatures kept as label values; the rest count as "other"
 SIGNATURE_CHARS = 80
+# The events that move a metric: the file is rewritten after each.
+MOVING = (
+    events.Iteration, events.Summary, events.Done, events.Skip, events.Strike, events.Limited,
+    events.Death, events.Report, events.Recovery, events.Receipt, events.Paused, events.Resumed,
+)  # fmt: skip
 
 
 def textfile_path(plan: Plan) -> Path | None:
@@ -47,14 +52,18 @@ def textfile_path(plan: Plan) -> Path | None:
 
 
 class Textfile:
-    """Prometheus metrics of one loop, as an event listener; `close(code)` writes the last file."""
+    """Prometheus metrics of one loop, as an event follower; `close(code)` writes the last file."""
 
     def __init__(self, path: Path, host: str, warn: Callable[[str], None]) -> None:
         self.path, self.warn = path, warn
         registry = self.registry = CollectorRegistry()
-        labels: dict[str, Any] = {"labelnames": ["host"], "registry": registry}
-        self.up = Gauge("ralph_up", "1 while the loop runs, 0 once it has exited.", **labels)
-        self.iterations = Counter("ralph_iterations", "Iterations started.", **labels)
+        host_only = ["host"]
+        self.up = Gauge(
+            "ralph_up", "1 while the loop runs, 0 once it has exited.", host_only, registry=registry
+        )
+        self.iterations = Counter(
+            "ralph_iterations", "Iterations started.", host_only, registry=registry
+        )
         self.items = Gauge(
             "ralph_items",
             "Checklist items by state.",
@@ -71,7 +80,10 @@ class Textfile:
             registry=registry,
         )
         self.last_death = Gauge(
-            "ralph_last_death_timestamp_seconds", "When the last death was found.", **labels
+            "ralph_last_death_timestamp_seconds",
+            "When the last death was found.",
+            host_only,
+            registry=registry,
         )
         self.recoveries = Counter(
             "ralph_recoveries", "Recoveries by outcome.", ["host", "outcome"], registry=registry
@@ -79,35 +91,51 @@ class Textfile:
         self.recovery_seconds = Histogram(
             "ralph_recovery_duration_seconds",
             "Time from a death's capture to a healthy service (or giving up).",
+            host_only,
             buckets=RECOVERY_BUCKETS,
-            **labels,
+            registry=registry,
         )
         self.attempts = Gauge(
-            "ralph_item_attempts", "Strikes of the current item so far.", **labels
+            "ralph_item_attempts",
+            "Strikes of the current item so far.",
+            host_only,
+            registry=registry,
         )
         self.exit_code = Gauge(
-            "ralph_exit_code", "The loop's exit code; -1 while it runs.", **labels
+            "ralph_exit_code",
+            "The loop's exit code; -1 while it runs.",
+            host_only,
+            registry=registry,
         )
         self.paused = Gauge(
-            "ralph_paused", "1 while the loop waits paused (`ralph-run pause`).", **labels
+            "ralph_paused",
+            "1 while the loop waits paused (`ralph-run pause`).",
+            host_only,
+            registry=registry,
         )
         self.limited_until = Gauge(
             "ralph_limited_until_timestamp_seconds",
             "While the loop waits out an agent's usage limit: when it tries again; else 0.",
-            **labels,
+            host_only,
+            registry=registry,
         )
         self.prompt_tokens = Counter(
             "ralph_agent_prompt_tokens",
             "Prompt tokens of this loop's own requests (its agent proxy, loop.proxy).",
-            **labels,
+            host_only,
+            registry=registry,
         )
         self.generated_tokens = Counter(
             "ralph_agent_generated_tokens",
             "Generated tokens of this loop's own requests (its agent proxy, loop.proxy).",
-            **labels,
+            host_only,
+            registry=registry,
         )
         self.updated = Gauge(
-            "ralph_last_update_timestamp_seconds", "When this file was last written.", **labels
+            "ralph_last_update_timestamp_seconds",
+            "When this file was last written.",
+            host_only,
+            registry=registry,
         )
         self.host = host
         self._signatures: set[str] = set()
@@ -125,12 +153,12 @@ class Textfile:
         self._heartbeat = threading.Thread(target=self._beat, name="metrics", daemon=True)
         self._heartbeat.start()
 
-    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
-        handler = getattr(self, "_on_" + kind.replace("-", "_"), None)
-        if handler is not None:
-            with self._lock:
-                handler(fields)
-            self.write()
+    def on_event(self, event: events.Event) -> None:
+        if not isinstance(event, MOVING):  # a warning this file's own write raised, among others
+            return
+        with self._lock:
+            self._move_by(event)
+        self.write()
 
     def close(self, code: int) -> None:
         self._stop.set()
@@ -157,56 +185,51 @@ class Textfile:
         while not self._stop.wait(HEARTBEAT):
             self.write()
 
-    # -- one handler per event kind that moves a metric ----------------------------------
-    def _on_iteration(self, f: dict[str, Any]) -> None:
-        self.iterations.labels(self.host).inc()
-        self.limited_until.labels(self.host).set(0)
-        self._items(f["done"], f["todo"], f["skipped"])
-        self.attempts.labels(self.host).set(f["attempts"])
-
-    def _on_summary(self, f: dict[str, Any]) -> None:
-        self._items(f["done"], f["todo"], f["skipped"])
-        self.attempts.labels(self.host).set(0)
-
-    def _on_done(self, f: dict[str, Any]) -> None:
-        self._move("todo", "done")
-        self.attempts.labels(self.host).set(0)
-
-    def _on_skip(self, f: dict[str, Any]) -> None:
-        self._move("todo", "skipped")
-        self.attempts.labels(self.host).set(0)
-
-    def _on_strike(self, f: dict[str, Any]) -> None:
-        self.attempts.labels(self.host).set(f["strikes"])
-
-    def _on_limited(self, f: dict[str, Any]) -> None:
-        self.limited_until.labels(self.host).set(f["until"])
-
-    def _on_death(self, f: dict[str, Any]) -> None:
-        self.deaths.labels(self.host, f["phase"]).inc()
-        self.last_death.labels(self.host).set(time.time())
-        signature = f.get("signature")
-        if signature:
-            signature = signature[:SIGNATURE_CHARS]
-            if signature not in self._signatures and len(self._signatures) >= SIGNATURES:
-                signature = "other"
-            self._signatures.add(signature)
-            self.by_signature.labels(self.host, signature).inc()
-
-    def _on_recovery(self, f: dict[str, Any]) -> None:
-        outcome = "recovered" if f["recovered"] else "gave_up"
-        self.recoveries.labels(self.host, outcome).inc()
-        self.recovery_seconds.labels(self.host).observe(f["seconds"])
-
-    def _on_receipt(self, f: dict[str, Any]) -> None:  # an iteration's, from its history line
-        self.prompt_tokens.labels(self.host).inc(f.get("prompt_tokens") or 0)
-        self.generated_tokens.labels(self.host).inc(f.get("generated_tokens") or 0)
-
-    def _on_paused(self, f: dict[str, Any]) -> None:
-        self.paused.labels(self.host).set(1)
-
-    def _on_resumed(self, f: dict[str, Any]) -> None:
-        self.paused.labels(self.host).set(0)
+    # -- what each event kind moves ------------------------------------------------------
+    def _move_by(self, event: events.Event) -> None:
+        """Move the metrics `event` moves (one of MOVING)."""
+        host = self.host
+        match event:
+            case events.Iteration():
+                self.iterations.labels(host).inc()
+                self.limited_until.labels(host).set(0)
+                self._items(event.done, event.todo, event.skipped)
+                self.attempts.labels(host).set(event.attempts)
+            case events.Summary():
+                self._items(event.done, event.todo, event.skipped)
+                self.attempts.labels(host).set(0)
+            case events.Done():
+                self._move("todo", "done")
+                self.attempts.labels(host).set(0)
+            case events.Skip():
+                self._move("todo", "skipped")
+                self.attempts.labels(host).set(0)
+            case events.Strike():
+                self.attempts.labels(host).set(event.strikes)
+            case events.Limited():
+                self.limited_until.labels(host).set(event.until)
+            case events.Death():
+                self.deaths.labels(host, event.phase).inc()
+                self.last_death.labels(host).set(time.time())
+            case events.Report():
+                if not event.signature:
+                    return
+                signature = event.signature[:SIGNATURE_CHARS]
+                if signature not in self._signatures and len(self._signatures) >= SIGNATURES:
+                    signature = "other"
+                self._signatures.add(signature)
+                self.by_signature.labels(host, signature).inc()
+            case events.Recovery():
+                outcome = "recovered" if event.recovered else "gave_up"
+                self.recoveries.labels(host, outcome).inc()
+                self.recovery_seconds.labels(host).observe(event.seconds)
+            case events.Receipt():  # an iteration's, from its history line
+                self.prompt_tokens.labels(host).inc(event.prompt_tokens or 0)
+                self.generated_tokens.labels(host).inc(event.generated_tokens or 0)
+            case events.Paused():
+                self.paused.labels(host).set(1)
+            case events.Resumed():
+                self.paused.labels(host).set(0)
 
     def _items(self, done: int, todo: int, skipped: int) -> None:
         for state, count in (("done", done), ("todo", todo), ("skipped", skipped)):

@@ -15,11 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import apprise
 import httpx
 
+from ralph_runner import events
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.runbook.plan import Plan
 from ralph_runner.runbook.schema import Notify
@@ -68,7 +68,7 @@ def targets(plan: Plan) -> Targets:
 
 
 class Notifier:
-    """An event listener: turns loop events into messages for the targets that want them."""
+    """An event follower: turns loop events into messages for the targets that want them."""
 
     def __init__(
         self, config: Notify, targets: Targets, host: str, warn: Callable[[str], None]
@@ -76,10 +76,10 @@ class Notifier:
         self.config, self.host, self.warn = config, host, warn
         self.deadman = targets.deadman
         self._targets: list[tuple[apprise.Apprise, set[str]]] = []
-        for url, events in targets.to:
+        for url, wanted in targets.to:
             client = apprise.Apprise()
             client.add(url)
-            self._targets.append((client, events))
+            self._targets.append((client, wanted))
         self._jobs: queue.SimpleQueue[Callable[[], bool] | None] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -92,14 +92,16 @@ class Notifier:
             threading.Thread(target=self._keep_alive, name="deadman", daemon=True).start()
         self._ping("/start")
 
-    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind == "iteration":
+    def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Iteration):
             self._ping("")
-        if kind in ("paused", "limited"):
-            self._waiting = not fields.get("ends_run")
-        elif kind in ("resumed", "iteration"):
+        if isinstance(event, events.Paused):
+            self._waiting = True
+        elif isinstance(event, events.Limited):
+            self._waiting = not event.ends_run
+        elif isinstance(event, events.Resumed | events.Iteration):
             self._waiting = False
-        message = self._message(kind, fields)
+        message = self._message(event)
         if message is not None:
             self.send(message)
 
@@ -116,37 +118,38 @@ class Notifier:
             self.warn(f"{self._pending} notification(s) still unsent at exit")
 
     def send(self, message: Message) -> None:
-        for client, events in self._targets:
-            if message.event in events:
+        for client, wanted in self._targets:
+            if message.event in wanted:
                 self._submit(_delivery(client, message))
 
-    def _message(self, kind: str, f: dict[str, Any]) -> Message | None:
+    def _message(self, event: events.Event) -> Message | None:
         host = self.host
-        if kind == "death":
-            title = f"ralph-run: death #{f['death']} on {host}"
-            return Message("death", title, f"at {f['phase']}: {f['reason']}")
-        if kind == "recovery" and f["recovered"]:
-            body = f"death #{f['death']}: healthy again after {f['seconds']:.0f} s"
-            return Message("recovered", f"ralph-run: recovered on {host}", body)
-        if kind == "recovery":
-            body = f"death #{f['death']} not recovered: {f['reason']}"
-            return Message("gave-up", f"ralph-run gave up on {host}", body)
-        if kind == "limited":
-            reset = "no reset time given" if f.get("guessed") else f"resets at {f['reset']}"
-            then = (
-                f"stopped (exit {f['exit_code']}): run again later"
-                if f.get("ends_run")
-                else f"waiting {f['seconds']:.0f} s, then {f['item']!r} again"
-            )
-            body = f"{f['source']}: {f['line']}; {reset}; {then}"
-            return Message("limited", f"ralph-run: usage limit on {host}", body)
-        if kind == "paused":
-            killed = f" ({f['killed']} stopped)" if f.get("killed") else ""
-            body = f"at iteration {f['iteration']}{killed}; `ralph-run resume` goes on"
-            return Message("paused", f"ralph-run paused on {host}", body)
-        if kind == "resumed":
-            body = f"after {f['seconds']:.0f} s paused"
-            return Message("resumed", f"ralph-run resumed on {host}", body)
+        match event:
+            case events.Death():
+                title = f"ralph-run: death #{event.death} on {host}"
+                return Message("death", title, f"at {event.phase}: {event.reason}")
+            case events.Recovery(recovered=True):
+                body = f"death #{event.death}: healthy again after {event.seconds:.0f} s"
+                return Message("recovered", f"ralph-run: recovered on {host}", body)
+            case events.Recovery():
+                body = f"death #{event.death} not recovered: {event.reason}"
+                return Message("gave-up", f"ralph-run gave up on {host}", body)
+            case events.Limited():
+                reset = "no reset time given" if event.guessed else f"resets at {event.reset}"
+                then = (
+                    f"stopped (exit {event.exit_code}): run again later"
+                    if event.ends_run
+                    else f"waiting {event.seconds:.0f} s, then {event.item!r} again"
+                )
+                body = f"{event.source}: {event.line}; {reset}; {then}"
+                return Message("limited", f"ralph-run: usage limit on {host}", body)
+            case events.Paused():
+                killed = f" ({event.killed} stopped)" if event.killed else ""
+                body = f"at iteration {event.iteration}{killed}; `ralph-run resume` goes on"
+                return Message("paused", f"ralph-run paused on {host}", body)
+            case events.Resumed():
+                body = f"after {event.seconds:.0f} s paused"
+                return Message("resumed", f"ralph-run resumed on {host}", body)
         return None
 
     def _ping(self, suffix: str) -> None:

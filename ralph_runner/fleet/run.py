@@ -2,7 +2,8 @@
 
 One loop per process, as Ansible forks one worker per host: a crash or a give-up on one host
 never stops another, and each child is exactly the single-host run (its own workdir, state,
-lock, death log). The children speak `--json`; their events come back here with `host` added,
+lock, death log). The children speak `--json`; each line comes back here as its typed event
+(events.from_json: a kind this ralph-run does not know is passed on as it is) with `host` set,
 so the console (or this process's own `--json`) carries the host on every line, and the run
 ends with one row per host. The exit code is the worst of the hosts' (WORST_FIRST).
 SIGTERM/SIGINT stop every loop through `execute.kill_all`: each child saves its state and
@@ -16,11 +17,13 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from ralph_runner import events
 from ralph_runner.errors import ExitCode, FatalError, Interrupted
-from ralph_runner.output import Output
+from ralph_runner.output import EventBus
 from ralph_runner.process import execute
 from ralph_runner.runbook.plan import Plan
 
@@ -48,18 +51,18 @@ class HostRun:
 
     host: str
     code: int | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: events.Summary | None = None
     deaths: int = 0
     _partial: str = ""
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> events.HostRow:
         s = self.summary
         return {
             "host": self.host,
-            "done": s.get("done"),
-            "todo": s.get("todo"),
-            "skipped": s.get("skipped"),
-            "deaths": s.get("deaths", self.deaths),
+            "done": s.done if s else None,
+            "todo": s.todo if s else None,
+            "skipped": s.skipped if s else None,
+            "deaths": s.deaths if s else self.deaths,
             "exit_code": self.code,
         }
 
@@ -83,7 +86,7 @@ def worst(codes: list[int]) -> int:
 
 def check_distinct(plans: list[Plan]) -> None:
     """Loops on one controller must not share a workdir: they would fight for its lock."""
-    seen: dict[Any, str] = {}
+    seen: dict[Path, str] = {}
     for p in plans:
         if p.workdir in seen:
             where = p.runbook.where(("workdir",))
@@ -95,11 +98,11 @@ def check_distinct(plans: list[Plan]) -> None:
         seen[p.workdir] = p.host
 
 
-def run(plans: list[Plan], args: Any, output: Output) -> int:
+def run(plans: list[Plan], args: Any, output: EventBus) -> int:
     check_distinct(plans)
     hosts = [HostRun(p.host) for p in plans]
     stop = threading.Event()
-    output.event("fleet", hosts=[h.host for h in hosts], forks=args.forks)
+    output.emit(events.Fleet(hosts=[h.host for h in hosts], forks=args.forks))
 
     def one(host: HostRun) -> None:
         result = execute.run(
@@ -107,7 +110,7 @@ def run(plans: list[Plan], args: Any, output: Output) -> int:
         )
         _flush(host, output)
         host.code = result.exit_code  # None: stopped by a signal (or never started)
-        output.event("host-done", host=host.host, exit_code=host.code)
+        output.emit(events.HostDone(host=host.host, exit_code=host.code))
 
     interrupted: Interrupted | None = None
     with ThreadPoolExecutor(max_workers=args.forks, thread_name_prefix="host") as pool:
@@ -125,11 +128,11 @@ def run(plans: list[Plan], args: Any, output: Output) -> int:
         host.code = signalled if host.code is None else host.code
     rows = [h.row() for h in hosts]
     code = worst([h.code for h in hosts if h.code is not None])
-    output.event("fleet-summary", hosts=rows, exit_code=code)
+    output.emit(events.FleetSummary(hosts=rows, exit_code=code))
     return code
 
 
-def _reader(host: HostRun, output: Output) -> Callable[[str], None]:
+def _reader(host: HostRun, output: EventBus) -> Callable[[str], None]:
     """The child's output, a line at a time: JSON events re-emitted with the host."""
 
     def read(text: str) -> None:
@@ -140,24 +143,25 @@ def _reader(host: HostRun, output: Output) -> Callable[[str], None]:
     return read
 
 
-def _flush(host: HostRun, output: Output) -> None:
+def _flush(host: HostRun, output: EventBus) -> None:
     if host._partial:
         _emit(host, output, host._partial)
         host._partial = ""
 
 
-def _emit(host: HostRun, output: Output, line: str) -> None:
+def _emit(host: HostRun, output: EventBus, line: str) -> None:
     if not line.strip():
         return
     try:
-        event = json.loads(line)
-        kind = event.pop("event")
-        event.pop("time", None)
-    except (ValueError, KeyError, AttributeError):
-        output.event("host-says", host=host.host, text=line)  # e.g. an error on stderr
+        data = json.loads(line)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or "event" not in data:
+        output.emit(events.HostSays(host=host.host, text=line))  # e.g. an error on stderr
         return
-    if kind == "summary":
+    event = replace(events.from_json(data), host=host.host)
+    if isinstance(event, events.Summary):
         host.summary = event
-    elif kind == "death":
-        host.deaths = max(host.deaths, event.get("death", 0))
-    output.event(kind, **{**event, "host": host.host})
+    elif isinstance(event, events.Death):
+        host.deaths = max(host.deaths, event.death)
+    output.emit(event)

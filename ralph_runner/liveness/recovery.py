@@ -6,8 +6,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
+from ralph_runner import events
 from ralph_runner.actions import TaskResult
 from ralph_runner.deaths.record import RecoveryStep
 from ralph_runner.liveness import faults
@@ -17,9 +18,33 @@ from ralph_runner.runbook import tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.schema import Recovery
 
+
+class ProbeFacts(TypedDict):
+    """One probe's result as recovery steps see it (`death.probes`)."""
+
+    name: str
+    kind: str
+    ok: bool
+    reason: str | None
+    detail: str
+
+
+class DeathFacts(TypedDict):
+    """What recovery steps see as `death` (schema.DEATH_FIELDS: the loader checks `when:`
+    against them)."""
+
+    number: int
+    phase: str
+    time: str
+    probes: list[ProbeFacts]
+    reasons: list[str]
+    hung: bool
+    fault: str
+
+
 HUNG = {"stalled", "timeout"}  # up, but not doing its work: stop it before starting another
 # `death` as `--check` renders recovery steps with it (the real one exists only at a death)
-SAMPLE_DEATH = {
+SAMPLE_DEATH: DeathFacts = {
     "number": 1,
     "phase": "during-step",
     "time": "<time of the death>",
@@ -42,15 +67,15 @@ class Outcome:
 
 def death_of(
     number: int, phase: str, time: str, results: list[ProbeResult], fault: str | None = None
-) -> dict[str, Any]:
+) -> DeathFacts:
     """What recovery steps see as `death`: which death, when, how the probes failed, and the
     fault's class (faults.py)."""
     reasons = sorted({r.reason for r in results if not r.ok and r.reason})
-    probes = [
+    probes: list[ProbeFacts] = [
         {"name": r.name, "kind": r.kind, "ok": r.ok, "reason": r.reason, "detail": r.detail}
         for r in results
     ]
-    return {  # schema.DEATH_FIELDS: the loader checks `when:` against them
+    return {
         "number": number,
         "phase": phase,
         "time": time,
@@ -65,10 +90,10 @@ def recover(
     config: Recovery,
     specs: list[TaskSpec],
     group: tasks.TaskGroup,
-    variables: dict[str, Any],
+    variables: dict[str, object],
     health: Health,
     stop: threading.Event,
-    emit: Callable[..., None] = lambda kind, **fields: None,
+    emit: Callable[[events.Event], None] = lambda event: None,
 ) -> Outcome:
     """One attempt = the steps in order (a failing step ends it), then probes until healthy.
     `emit` hears each step start (`recovery-step`) and each failed attempt with the wait
@@ -79,8 +104,7 @@ def recover(
     for attempt in range(1, config.attempts + 1):
 
         def starting(spec: TaskSpec, skipped: str | None, attempt: int = attempt) -> None:
-            said = {"skipped": skipped} if skipped else {}
-            emit("recovery-step", attempt=attempt, step=spec.name, **said)
+            emit(events.RecoveryStep(attempt=attempt, step=spec.name, skipped=skipped or None))
 
         ran = tasks.run_steps(specs, group, variables, stop, starting)
         steps += [_step(attempt, spec, result) for spec, result in ran.results]
@@ -93,7 +117,7 @@ def recover(
         reason = f"{failed} (attempt {attempt} of {config.attempts})"
         last = attempt == config.attempts
         pause = None if last else config.delay * config.backoff ** (attempt - 1)
-        emit("recovery-failed", attempt=attempt, reason=failed, retry_in=pause)
+        emit(events.RecoveryFailed(attempt=attempt, reason=failed, retry_in=pause))
         if pause is not None and stop.wait(pause):
             break
     return Outcome(False, config.attempts, time.monotonic() - started, reason, steps)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
-from ralph_runner.deaths import wiring
+from ralph_runner import events
 from ralph_runner.deaths.log import DeathLog
 from ralph_runner.deaths.record import DeathRecord, DuringRecovery, Facts, Known, Outcome
+from ralph_runner.deaths.wiring import Session
 from ralph_runner.errors import GaveUp
 from ralph_runner.liveness import diagnostics, faults, recovery, recovery_lock
 from ralph_runner.liveness.health import Health
@@ -41,7 +42,8 @@ class ServiceState(Protocol):
 
 
 class Service:
-    """The watched service of one plan: one Health, one death log, the run's state."""
+    """The watched service of one plan: one Health, one death log, the run's state, and the
+    run's records (`session`: what a death record gets from the recorder, its signature)."""
 
     def __init__(
         self,
@@ -51,10 +53,12 @@ class Service:
         state: ServiceState,
         save: Callable[[], None],
         stop: threading.Event,
-        emit: Callable[..., None],
+        emit: Callable[[events.Event], None],
+        session: Session,
     ) -> None:
         self.plan, self.health, self.death_log = plan, health, death_log
         self.state, self.save, self.stop, self.emit = state, save, stop, emit
+        self.session = session
         self.config = plan.model.recovery
         self.checked = False  # has this run checked the service yet?
         self.signatures: list[str] = []  # this run's deaths, by signature (the summary's)
@@ -82,7 +86,7 @@ class Service:
         now = time.time()
         failing = next(r for r in rounds[-1] if not r.ok)
         name = str(self.plan.variables.get("service_name", "the service"))
-        self.emit("start", service=name, reason=f"{failing.name}: {failing.detail}")
+        self.emit(events.Start(service=name, reason=f"{failing.name}: {failing.detail}"))
         death = recovery.death_of(0, "start", iso_time(now), rounds[-1], faults.NOT_RUNNING)
         variables = {**facts.get("variables", {}), "phase": "start", "death": death}
         outcome = self._recover_or_reason(now, variables, crash_loop=False)
@@ -103,8 +107,15 @@ class Service:
             "reason": outcome.reason,
         }
         self.save()
-        self.emit("started", recovered=outcome.recovered, seconds=round(outcome.seconds, 3),
-                  attempts=outcome.attempts, reason=outcome.reason, by=outcome.by)  # fmt: skip
+        self.emit(
+            events.Started(
+                recovered=outcome.recovered,
+                seconds=round(outcome.seconds, 3),
+                attempts=outcome.attempts,
+                reason=outcome.reason,
+                by=outcome.by,
+            )
+        )
         if not outcome.recovered:
             raise GaveUp(f"service not started: {outcome.reason}", exit_code=self.config.exit_code)
 
@@ -140,15 +151,16 @@ class Service:
             "fault": fault_class,
         }
         self.save()
-        self.emit("death", death=number, phase=phase, reason=evidence, fault=fault_class)
+        self.emit(events.Death(death=number, phase=phase, reason=evidence, fault=fault_class))
         death = recovery.death_of(number, phase, iso_time(now), results, fault_class)
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
         during = self._recovery_under_way()
         self.emit(
-            "capture",
-            collectors=len(self.plan.runbook.collectors),
-            **({"during_recovery": during["by"]} if during else {}),
+            events.Capture(
+                collectors=len(self.plan.runbook.collectors),
+                during_recovery=during["by"] if during else None,
+            )
         )
         started = time.monotonic()
         collected = diagnostics.collect(self.plan.runbook.collectors, group, variables)
@@ -172,15 +184,17 @@ class Service:
             "capture_seconds": round(time.monotonic() - started, 3),
             **({"during_recovery": during} if during else {}),
         }
-        record.update(wiring.at_death(self.plan, record))  # recorder window, signature
+        record.update(self.session.at_death(record))  # recorder window, signature
         unwritten = self.death_log.write_death(record)
         self.signatures.append(str(record.get("signature") or "unknown"))
         self.emit(
-            "report",
-            death=number,
-            log=str(self.death_log.log_path),
-            signature=record.get("signature"),
-            **({"written": False, "error": "; ".join(unwritten)} if unwritten else {}),
+            events.Report(
+                death=number,
+                log=str(self.death_log.log_path),
+                signature=record.get("signature"),
+                written=not unwritten,
+                error="; ".join(unwritten) if unwritten else None,
+            )
         )
         if recover is None:
             recover = fault_class != faults.RESTARTED
@@ -192,13 +206,14 @@ class Service:
             {"death": number, "time": iso_time(time.time()), **self._outcome_fields(outcome)}
         )
         self.emit(
-            "recovery",
-            death=number,
-            recovered=outcome.recovered,
-            attempts=outcome.attempts,
-            seconds=round(outcome.seconds, 3),
-            reason=outcome.reason,
-            by=outcome.by,
+            events.Recovery(
+                death=number,
+                recovered=outcome.recovered,
+                attempts=outcome.attempts,
+                seconds=round(outcome.seconds, 3),
+                reason=outcome.reason,
+                by=outcome.by,
+            )
         )
         if not outcome.recovered:
             raise GaveUp(
@@ -241,7 +256,8 @@ class Service:
             # Another loop may have brought it back while we confirmed the death or waited:
             # look before running a step that would stop the server it just started.
             if waited is not None:
-                self.emit("recovery-wait", by=waited.text(), seconds=round(waited.seconds, 1))
+                waiting = events.RecoveryWait(by=waited.text(), seconds=round(waited.seconds, 1))
+                self.emit(waiting)
             if all(result.ok for result in self.health.round()):
                 by = waited.text() if waited else "itself (healthy again before any step)"
                 return recovery.Outcome(True, 0, time.monotonic() - started, by=by)

@@ -2,8 +2,9 @@
 
 The request is a control file, `.ralph/pause` (JSON: when it was asked, `now`, by whom),
 written atomically by `ralph-run pause` (locally, or over the host's connection with `-i`) and
-removed by `ralph-run resume`. The loop looks at it at each iteration boundary: `iterate` is
-the one call the runner makes in place of `run_iteration`. While the file is there the loop waits,
+removed by `ralph-run resume`. The runner holds a `Pause` (it follows the run's events: which
+step runs now) and looks at the file at each iteration boundary: `Pause.iterate` is the one call
+the runner makes in place of `run_iteration`. While the file is there the loop waits,
 polling it every POLL s on the loop's stop event (SIGTERM and SIGINT interrupt the wait as
 they interrupt a step), with `paused` in status.json and the phase `paused`; when the file goes,
 it reads the checklist again (it may have been edited meanwhile) and goes on.
@@ -35,11 +36,11 @@ import os
 import socket
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
 
+from ralph_runner import events
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, Interrupted, Problem
 from ralph_runner.process import execute
@@ -49,10 +50,12 @@ if TYPE_CHECKING:
     from ralph_runner.liveness.health import Health
     from ralph_runner.liveness.service import Service
     from ralph_runner.loop.state import State, Store
-    from ralph_runner.output import Output
+    from ralph_runner.output import EventBus
     from ralph_runner.runbook.loader import TaskSpec
     from ralph_runner.runbook.plan import Plan
     from ralph_runner.workspace.checklist import Counts, Item
+    from ralph_runner.workspace.status_file import Pause as PauseStatus
+    from ralph_runner.workspace.status_file import PauseFields
 
 CONTROL = "pause"  # .ralph/pause
 POLL = 0.5  # seconds between looks at the control file
@@ -65,7 +68,7 @@ class Loop(Protocol):
     """What the pause needs of the loop it holds (loop/runner.py's Runner)."""
 
     store: Store
-    output: Output
+    bus: EventBus
     state: State
     plan: Plan
     signals: execute.InterruptsRaise
@@ -77,7 +80,15 @@ class Loop(Protocol):
     def save(self, status_only: bool = False) -> None: ...
     def checklist_counts(self) -> Counts: ...
     def forget_counts(self) -> None: ...
-    def ensure_service(self, phase: str, context: dict[str, Any] | None = None) -> None: ...
+    def ensure_service(self, phase: str, context: dict[str, object] | None = None) -> None: ...
+
+
+class Request(TypedDict, total=False):
+    """The control file's request: when it was asked, whether `--now`, by whom."""
+
+    requested: float
+    now: bool
+    by: str
 
 
 def control_path(workdir: Path) -> Path:
@@ -122,7 +133,7 @@ def release(workdir: Path) -> bool:
     return True
 
 
-def read(path: Path) -> dict[str, Any] | None:
+def read(path: Path) -> Request | None:
     """The request in the control file, or None when there is none. A file that is not the JSON
     `pause` writes (a `touch .ralph/pause` by hand) is a plain pause."""
     try:
@@ -135,7 +146,14 @@ def read(path: Path) -> dict[str, Any] | None:
         data = json.loads(text)
     except ValueError:
         return {"now": False}
-    return data if isinstance(data, dict) else {"now": False}
+    if not isinstance(data, dict):
+        return {"now": False}
+    request: Request = {"now": bool(data.get("now"))}
+    if isinstance(requested := data.get("requested"), int | float):
+        request["requested"] = float(requested)
+    if isinstance(by := data.get("by"), str):
+        request["by"] = by
+    return request
 
 
 @dataclass
@@ -156,9 +174,9 @@ class PausedNow(Interrupted):
         self.exit_code = 0
 
 
-class _Control:
-    """One runner's pause: what the loop's events say runs now, the watch during iterations,
-    the wait at the boundary."""
+class Pause:
+    """One runner's pause, held by the runner: what the loop's events say runs now (a follower
+    of them), the watch during iterations, the wait at the boundary."""
 
     def __init__(self, runner: Loop) -> None:
         from ralph_runner.actions import UNWATCHED  # the loop's only: `ralph-run pause` needs none
@@ -168,18 +186,17 @@ class _Control:
         self.path = control_path(runner.store.workdir)
         self.agent_step: str | None = None  # the process step running now, killable by --now
         self.step_started: float | None = None  # epoch of the last `step` event
-        self.requested: dict[str, Any] | None = None  # a request seen during an iteration
+        self.requested: Request | None = None  # a request seen during an iteration
         self.since: float | None = None  # epoch when the wait began; None when not paused
         self.killed: str | None = None  # the step --now killed, until the wait ends
         self.resuming = False  # the `resume:` block and the check after it run
         self.block: Block | None = None  # the block of the pause (or resume) in hand
-        runner.output.subscribe(self._on_event)
 
-    def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind == "step":
+    def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Step):
             self.step_started = time.time()
-            self.agent_step = None if fields.get("action") in self.unwatched else fields["step"]
-        elif kind == "step-done":
+            self.agent_step = None if event.action in self.unwatched else event.step
+        elif isinstance(event, events.StepDone):
             self.agent_step = None
 
     # -- the iteration boundary ---------------------------------------------------
@@ -201,7 +218,7 @@ class _Control:
             self._end_watch(done, watch)
         self.killed = None  # a --now that came after the last step: the iteration settled
 
-    def hold(self, wanted: dict[str, Any]) -> None:
+    def hold(self, wanted: Request) -> None:
         """Wait while the control file is there: the `pause:` block when the wait begins, the
         `resume:` block and a look at the service when it ends."""
         runner, st = self.runner, self.runner.state
@@ -209,13 +226,14 @@ class _Control:
         self.since, self.requested = time.time(), wanted
         st.phase = PHASE
         try:
-            runner.output.event(
-                "paused",
-                iteration=st.iteration,
-                item=st.current_item,
-                now=bool(wanted.get("now")),
-                killed=self.killed,
-                by=wanted.get("by"),
+            runner.bus.emit(
+                events.Paused(
+                    iteration=st.iteration,
+                    item=st.current_item,
+                    now=bool(wanted.get("now")),
+                    killed=self.killed,
+                    by=wanted.get("by"),
+                )
             )
             runner.save(status_only=True)
             stopped = self._block("pause", book.pause_steps).ran > 0
@@ -228,7 +246,7 @@ class _Control:
             self.since, self.requested, self.killed, self.block = None, None, None, None
         st.phase, self.resuming = RESUMING, True
         try:
-            runner.output.event("resumed", iteration=st.iteration, seconds=seconds)
+            runner.bus.emit(events.Resumed(iteration=st.iteration, seconds=seconds))
             runner.save(status_only=True)
             resumed = self._block("resume", book.resume_steps)
             if stopped or resumed.ran:
@@ -258,8 +276,8 @@ class _Control:
         def starting(spec: TaskSpec, skipped: str | None) -> None:
             if skipped is None:
                 block.ran += 1
-            said = {"skipped": skipped} if skipped else {}
-            runner.output.event(f"{which}-step", step=spec.name, **said)
+            kind = events.PauseStep if which == "pause" else events.ResumeStep
+            runner.bus.emit(kind(step=spec.name, skipped=skipped or None))
 
         block.error = tasks.run_steps(
             specs,
@@ -272,17 +290,19 @@ class _Control:
         ).failure
         block.state = "failed" if block.error else "done"
         runner.forget_counts()  # a step may have changed the checklist
-        runner.output.event(
-            f"{which}-steps",
-            ok=block.error is None,
-            ran=block.ran,
-            seconds=round(time.monotonic() - started, 3),
-            error=block.error,
+        ended = events.PauseSteps if which == "pause" else events.ResumeSteps
+        runner.bus.emit(
+            ended(
+                ok=block.error is None,
+                ran=block.ran,
+                seconds=round(time.monotonic() - started, 3),
+                error=block.error,
+            )
         )
         runner.save(status_only=True)
         return block
 
-    def _variables(self, which: str) -> dict[str, Any]:
+    def _variables(self, which: str) -> dict[str, object]:
         """What the blocks' templates see: the runbook's variables and the loop's counts; no
         `item` (none is in hand) and no `death`."""
         runner, st = self.runner, self.runner.state
@@ -328,9 +348,8 @@ class _Control:
                 continue
             if wanted != self.requested:
                 seen, self.requested = True, wanted
-                self.runner.output.event(
-                    "pause-requested", now=bool(wanted.get("now")), by=wanted.get("by")
-                )
+                asked = events.PauseRequested(now=bool(wanted.get("now")), by=wanted.get("by"))
+                self.runner.bus.emit(asked)
                 self.runner.save(status_only=True)
             step = self.agent_step
             if wanted.get("now") and step is not None and self.runner.signals.pending is None:
@@ -340,14 +359,17 @@ class _Control:
                 return
 
     # -- status.json ---------------------------------------------------------------
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> PauseFields:
+        """What status.json says about the pause, the step in hand and the item's attempts."""
         st = self.runner.state
-        pause: dict[str, Any] | None = None
+        pause: PauseStatus | None = None
         wanted, block = self.requested, self.block
         if self.since is not None or wanted is not None or self.resuming:
-            state = "paused" if self.since is not None else "pausing"
+            state: Literal["pausing", "paused", "resuming"] = (
+                "paused" if self.since is not None else "pausing"
+            )
             pause = {
-                "state": RESUMING if self.resuming else state,
+                "state": "resuming" if self.resuming else state,
                 "since": self.since,
                 "requested": (wanted or {}).get("requested"),
                 "now": bool((wanted or {}).get("now")),
@@ -363,23 +385,3 @@ class _Control:
             "step_started": self.step_started if st.phase else None,
             "attempts": st.strikes.get(st.current_item, 0) if st.current_item else 0,
         }
-
-
-_controls: weakref.WeakKeyDictionary[Loop, _Control] = weakref.WeakKeyDictionary()
-
-
-def _control(runner: Loop) -> _Control:
-    control = _controls.get(runner)
-    if control is None:
-        control = _controls[runner] = _Control(runner)
-    return control
-
-
-def iterate(runner: Loop, item: Item) -> None:
-    """The runner's iteration, held while `.ralph/pause` is there (see the module's text)."""
-    _control(runner).iterate(item)
-
-
-def status_fields(runner: Loop) -> dict[str, Any]:
-    """What status.json says about the pause, the step in hand and the item's attempts."""
-    return _control(runner).fields()

@@ -50,7 +50,7 @@ import httpx
 from ralph_runner.probes import Awaiting
 
 if TYPE_CHECKING:
-    from ralph_runner.deaths.history import History
+    from ralph_runner.deaths.history import ProxyReceipt
     from ralph_runner.runbook.plan import Plan
 
 # Headers of one hop (RFC 9110 7.6.1), not forwarded; Host is the upstream's, set by httpx;
@@ -99,7 +99,7 @@ class Totals:
         mine, theirs = asdict(self), asdict(earlier)
         return Totals(**{key: mine[key] - theirs[key] for key in mine})
 
-    def receipt(self) -> dict[str, Any]:
+    def receipt(self) -> ProxyReceipt:
         """The fields an iteration's history line gets."""
         first = self.first_token_seconds / self.first_tokens if self.first_tokens else None
         return {
@@ -539,12 +539,11 @@ def upstream_of(plan: Plan) -> str | None:
 
 
 @contextlib.contextmanager
-def running(
-    plan: Plan, warn: Callable[[str], None], history: History | None = None
-) -> Iterator[Proxy | None]:
+def running(plan: Plan, warn: Callable[[str], None]) -> Iterator[Proxy | None]:
     """The run's proxy when the runbook asks for one and it starts; else None and a warning.
-    `history` (the iteration history) reads its counters for each line's receipt; they stay
-    readable after the stop, for the line a run's end closes."""
+    The runner hands its counters (`Proxy.settled`) to the iteration history, which reads them
+    for each line's receipt; they stay readable after the stop, for the line a run's end
+    closes."""
     if not plan.model.loop.proxy:
         yield None
         return
@@ -554,8 +553,6 @@ def running(
         if upstream is None:
             raise ValueError("no `loop.proxy.upstream` and no variable `base_url` to forward to")
         proxy = Proxy(upstream).start()
-        if history is not None:
-            history.meter = proxy.settled
     except (OSError, ValueError) as exc:
         warn(f"agent proxy not started: {exc}; the agent talks to the server directly")
     try:

@@ -2,33 +2,40 @@
 
 import io
 
+from ralph_runner import events
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.output import Output
+from ralph_runner.output import Console, EventBus
 
 
-def test_listeners_get_masked_events_and_a_failing_one_is_dropped():
+class Seen:
+    def __init__(self, broken: bool = False) -> None:
+        self.events: list[events.Event] = []
+        self.broken = broken
+
+    def on_event(self, event: events.Event) -> None:
+        self.events.append(event)
+        if self.broken:
+            raise RuntimeError("boom")
+
+
+def test_followers_get_masked_events_and_a_failing_one_is_dropped():
     stream = io.StringIO()
-    output = Output(json_lines=True, stream=stream, redactor=Redactor(["hunter22"]))
-    seen = []
-    calls = []
-
-    def broken(kind, fields):
-        calls.append(kind)
-        raise RuntimeError("boom")
-
-    output.subscribe(lambda kind, fields: seen.append((kind, fields)))
-    output.subscribe(broken)
-    output.event("done", item="pass hunter22")
-    output.event("done", item="second")
-    assert seen[0] == ("done", {"item": "pass ****"})
-    assert calls == ["done"]  # dropped after its first failure
-    assert ("warning" in [kind for kind, _ in seen]) and seen[-1] == ("done", {"item": "second"})
+    bus = EventBus(Console(json_lines=True, stream=stream), Redactor(["hunter22"]))
+    seen, broken = Seen(), Seen(broken=True)
+    bus.follow(seen)
+    bus.follow(broken)
+    bus.emit(events.Done(item="pass hunter22"))
+    bus.emit(events.Done(item="second"))
+    assert seen.events[0] == events.Done(item="pass ****")
+    assert broken.events == [events.Done(item="pass ****")]  # dropped after its first failure
+    assert isinstance(seen.events[1], events.Warning)
+    assert seen.events[-1] == events.Done(item="second")
     assert "event listener" in stream.getvalue()
 
 
 def human(kind: str, **fields) -> str:
     stream = io.StringIO()
-    Output(stream=stream).event(kind, **fields)
+    EventBus(Console(stream=stream)).emit(events.from_json({"event": kind, **fields}))
     return stream.getvalue()
 
 

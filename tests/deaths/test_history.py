@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Scenario
 
+from ralph_runner import events
 from ralph_runner.deaths.history import History
 from ralph_runner.durable import jsonl
-from ralph_runner.output import Output
+from ralph_runner.output import Console, EventBus
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -23,42 +24,50 @@ def history_of(workdir: Path) -> tuple[list[dict], jsonl.Skipped]:
     return lines, skipped
 
 
-def iteration(output: Output, number: int, item: str, size: int = 100) -> None:
-    output.event(
-        "iteration",
-        iteration=number,
-        item=item,
-        attempts=0,
-        done=0,
-        todo=1,
-        skipped=0,
-        deaths=0,
-        prompt_size=size,
-        prompt_bytes=size + 2,
+def iteration(output: EventBus, number: int, item: str, size: int = 100) -> None:
+    output.emit(
+        events.Iteration(
+            iteration=number,
+            item=item,
+            attempts=0,
+            done=0,
+            todo=1,
+            skipped=0,
+            deaths=0,
+            prompt_size=size,
+            prompt_bytes=size + 2,
+        )
     )
 
 
+def ended(output: EventBus, number: int, item: str, outcome: events.Outcome, **more) -> None:
+    output.emit(events.IterationEnded(iteration=number, item=item, outcome=outcome, **more))
+
+
+def bus() -> EventBus:
+    return EventBus(Console(json_lines=True, stream=io.StringIO()))
+
+
 def test_each_outcome_closes_its_line(tmp_path: Path) -> None:
-    """Driven through a real Output, as the loop drives it: done, death, strike, skip."""
-    output = Output(json_lines=True, stream=io.StringIO())
+    """Driven through a real event bus, as the loop drives it: done, death, strike, skip."""
+    output = bus()
     path = tmp_path / "iterations.jsonl"
     history = History(path, "gpu-a")
-    output.subscribe(history.on_event)
+    output.follow(history)
     iteration(output, 1, "a")
-    output.event("done", item="a")
+    ended(output, 1, "a", "done")
     iteration(output, 2, "b", size=12_000)
-    output.event("death", death=1, phase="during-step", reason="x")
-    output.event("recovery", death=1, recovered=True, attempts=1, seconds=3.0, reason=None)
-    output.event("retry", item="b", reason="cancelled")
+    output.emit(events.Death(death=1, phase="during-step", reason="x", fault="server gone"))
+    ended(output, 2, "b", "death", reason="cancelled")
     iteration(output, 3, "b")
-    output.event("strike", item="b", strikes=1, of=2, reason="exit 1")
+    ended(output, 3, "b", "strike", reason="exit 1", strikes=1)
     iteration(output, 4, "b")
-    output.event("strike", item="b", strikes=2, of=2, reason="exit 1")
-    assert len(path.read_text().splitlines()) == 3  # the last strike waits for its skip
-    output.event("skip", item="b", strikes=2)
+    output.emit(events.Strike(item="b", strikes=2, of=2, reason="exit 1", output_tail=""))
+    assert len(path.read_text().splitlines()) == 3  # a display event closes no line
+    ended(output, 4, "b", "skipped", reason="exit 1", strikes=2)
     iteration(output, 5, "c")
-    output.event("death", death=2, phase="start", reason="refused")
-    history.close("gave-up")  # recovery failed: the run ended inside the iteration
+    output.emit(events.Death(death=2, phase="start", reason="refused", fault="server gone"))
+    ended(output, 5, "c", "gave-up")  # recovery failed: the run ended inside the iteration
 
     lines = [e for _, e in jsonl.read(path, jsonl.Skipped())]
     assert [(e["iteration"], e["outcome"], e["deaths"]) for e in lines] == [
@@ -76,19 +85,20 @@ def test_each_outcome_closes_its_line(tmp_path: Path) -> None:
     )
     assert second["event"] == "iteration" and second["seconds"] >= 0
     assert second["prompt_tokens"] is None and "no recorder" in second["tokens_note"]
+    assert (second["reason"], lines[3]["strikes"], lines[3]["reason"]) == ("cancelled", 2, "exit 1")
 
 
 def test_a_torn_last_line_is_read_around_and_not_fused_with_the_next(tmp_path: Path) -> None:
     path = tmp_path / "iterations.jsonl"
     history = History(path, "localhost")
-    output = Output(json_lines=True, stream=io.StringIO())
-    output.subscribe(history.on_event)
+    output = bus()
+    output.follow(history)
     iteration(output, 1, "a")
-    output.event("done", item="a")
+    ended(output, 1, "a", "done")
     with path.open("ab") as torn:  # what a kill -9 in the middle of a write leaves
         torn.write(b'{"event":"iteration","iteration":2,"ite')
     iteration(output, 3, "c")
-    output.event("done", item="c")
+    ended(output, 3, "c", "done")
     skipped = jsonl.Skipped()
     lines = [e["iteration"] for _, e in jsonl.read(path, skipped)]
     assert lines == [1, 3]

@@ -53,9 +53,9 @@ class Events:
         self.seen: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, kind: str, **fields: Any) -> None:
+    def __call__(self, message: str) -> None:
         with self.lock:
-            self.seen.append((kind, fields))
+            self.seen.append(("warning", {"message": message}))
 
     def messages(self) -> list[str]:
         with self.lock:

@@ -3,11 +3,13 @@ for it, the countdown, the runbook's own patterns, and the console lines. Pure f
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import datetime, timedelta
 
 import pytest
 
+from ralph_runner import events
 from ralph_runner.fleet.notify import Notifier
 from ralph_runner.loop import limits
 from ralph_runner.output import HUMAN
@@ -286,19 +288,22 @@ def test_the_console_lines():
 
 
 def test_the_notification():
-    fields = {
-        "item": "first",
-        "source": "codex",
-        "line": "You’ve hit your usage limit. Try again at 3:04 PM.",
-        "reset": "2025-12-01T15:04:00+00:00",
-        "seconds": 610,
-        "guessed": False,
-        "ends_run": False,
-    }
+    limited = events.Limited(
+        item="first",
+        source="codex",
+        line="You’ve hit your usage limit. Try again at 3:04 PM.",
+        reset_at=1764601440.0,
+        until=1764601500.0,
+        reset="2025-12-01T15:04:00+00:00",
+        seconds=610,
+        guessed=False,
+        ends_run=False,
+    )
     host = type("Host", (), {"host": "gpu-1"})()
-    message = Notifier._message(host, "limited", fields)  # type: ignore[arg-type]
+    message = Notifier._message(host, limited)  # type: ignore[arg-type]
     assert message is not None and message.event == "limited"
     assert message.title == "ralph-run: usage limit on gpu-1"
     assert "resets at 2025-12-01T15:04:00+00:00; waiting 610 s, then 'first' again" in message.body
-    ended = Notifier._message(host, "limited", {**fields, "ends_run": True, "exit_code": 7})  # type: ignore[arg-type]
+    stopped = dataclasses.replace(limited, ends_run=True, exit_code=7)
+    ended = Notifier._message(host, stopped)  # type: ignore[arg-type]
     assert ended is not None and "stopped (exit 7): run again later" in ended.body

@@ -264,6 +264,7 @@ def test_without_the_proxy_the_line_still_has_commit_and_shortstat(
 
 
 def test_tokens_per_item_and_items_per_hour_from_receipts(tmp_path: Path) -> None:
+    from ralph_runner import events
     from ralph_runner.deaths import stats, text
     from ralph_runner.fleet.metrics import Textfile
 
@@ -287,8 +288,21 @@ def test_tokens_per_item_and_items_per_hour_from_receipts(tmp_path: Path) -> Non
     assert stats.throughput([{**lines[0], "receipt": None}])["too_little"]
 
     textfile = Textfile(tmp_path / "ralph.prom", "gpu-a", warn=lambda message: None)
-    textfile("receipt", {"iteration": 1, "prompt_tokens": 120, "generated_tokens": 7})
-    textfile("receipt", {"iteration": 2, "prompt_tokens": 30, "generated_tokens": 3})
+    for number, prompt, generated in ((1, 120, 7), (2, 30, 3)):
+        textfile.on_event(
+            events.Receipt(
+                iteration=number,
+                item="a",
+                requests=1,
+                request_errors=0,
+                prompt_tokens=prompt,
+                generated_tokens=generated,
+                tokens_estimated=False,
+                first_token_seconds=None,
+                generation_seconds=1.0,
+                request_seconds=1.0,
+            )
+        )
     textfile.close(0)
     written = (tmp_path / "ralph.prom").read_text()
     assert 'ralph_agent_prompt_tokens_total{host="gpu-a"} 150.0' in written
