@@ -95,10 +95,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         os.chdir(workspace)
         (selected,) = plan.build(RUNBOOK, None, None, extra)
-        output = EventBus(Console(json_lines=args.json))
+        bus = EventBus(Console(json_lines=args.json))
         chaos = threading.Thread(target=_chaos, args=(workspace, standin), daemon=True)
         chaos.start()
-        code = Runner(selected, output).run()
+        code = Runner(selected, bus).run()
     finally:
         os.chdir(cwd)
         _stop_server(standin)

@@ -54,12 +54,12 @@ def main(args: argparse.Namespace) -> int:
         return fleet.run(plans, args, EventBus(console, Redactor(secrets)))
     (selected,) = plans
     console = Console(json_lines=args.json, verbose=args.verbose)
-    output = EventBus(console, Redactor(selected.secret_values()))
-    followers = _followers(selected, output)
+    bus = EventBus(console, Redactor(selected.secret_values()))
+    followers = _followers(selected, bus)
     code: int = ExitCode.INTERNAL  # what an unexpected exception will exit with
     try:
-        runner = Runner(selected, output)
-        crash.register(runner.store, output.redactor)  # a crash marks this run, masks its secrets
+        runner = Runner(selected, bus)
+        crash.register(runner.store, bus.redactor)  # a crash marks this run, masks its secrets
         code = runner.run()
         return code
     except (FatalError, Interrupted) as exc:  # the followers' last word has the exit code
@@ -70,10 +70,10 @@ def main(args: argparse.Namespace) -> int:
             follower.close(code)
 
 
-def _followers(selected: plan.Plan, output: EventBus) -> list[Follower]:
+def _followers(selected: plan.Plan, bus: EventBus) -> list[Follower]:
     """The metrics textfile and the notifier, when the runbook asks for them (imported only
     then: Apprise alone takes half a second to import)."""
-    warn = output.warn
+    warn = bus.warn
     found: list[Follower] = []
     if selected.model.metrics is not None:
         from ralph_runner.fleet import metrics
@@ -88,5 +88,5 @@ def _followers(selected: plan.Plan, output: EventBus) -> list[Follower]:
         targets = notify.targets(selected)
         found.append(notify.Notifier(config, targets, selected.host, warn))
     for follower in found:
-        output.follow(follower)
+        bus.follow(follower)
     return found
