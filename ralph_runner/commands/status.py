@@ -24,20 +24,15 @@ from ralph_runner.runbook import plan
 from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import (
     AgentBroken,
+    CheckedStatus,
     HangBound,
     LastDeath,
     LastStart,
     Limited,
     Pause,
     Status,
+    checked,
 )
-
-
-class Shown(Status):
-    """The status as this command shows it: `running` checked against the pid, and whether a
-    pause request outlived its loop."""
-
-    pause_left: bool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,10 +57,8 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.PARTIAL
-    running = status["running"] and pid_alive(status["pid"])
     # a pause left on a loop that is not running: the next run waits before its first iteration
-    pause_left = not running and pause.control_path(workdir).exists()
-    shown: Shown = {**status, "running": running, "pause_left": pause_left}
+    shown = checked(status, pid_alive(status["pid"]), pause.control_path(workdir).exists())
     if args.json:
         print(json.dumps(shown, ensure_ascii=False, sort_keys=True))
     else:
@@ -92,7 +85,7 @@ def workdir_of(target: str) -> Path:
     return path.resolve()
 
 
-def human_lines(status: Shown) -> list[str]:
+def human_lines(status: CheckedStatus) -> list[str]:
     pid = status["pid"]
     if status["running"]:
         state_text = f"running (pid {pid})"
@@ -155,7 +148,7 @@ def _pause(pause: Pause | None) -> list[str]:
     return [f"pause:      pausing {when}"]
 
 
-def _pause_left(status: Shown) -> list[str]:
+def _pause_left(status: CheckedStatus) -> list[str]:
     """`.ralph/pause` left behind by a loop that ended (or was stopped) while paused."""
     if not status["pause_left"]:
         return []

@@ -71,12 +71,12 @@ class Loop:
 
 
 @dataclass
-class Watch:
+class LoopReads:
     """What is known of one loop: its last answer, and the read in flight."""
 
-    last: view.Snapshot | None = None  # the last read that got an answer
-    detailed: view.Snapshot | None = None  # the last one that read the details too
-    failed: view.Snapshot | None = None  # the last read, when it got no answer
+    last: view.LoopReading | None = None  # the last read that got an answer
+    detailed: view.LoopReading | None = None  # the last one that read the details too
+    failed: view.LoopReading | None = None  # the last read, when it got no answer
     asked: float | None = None  # monotonic time the read in flight began; None: none is
     first: float | None = None  # monotonic time of the first read
 
@@ -143,7 +143,7 @@ class View:
 
     def __init__(self, loops: list[Loop], pool: ThreadPoolExecutor, timeout: float) -> None:
         self.loops, self.pool, self.timeout = loops, pool, timeout
-        self.watches = [Watch() for _ in loops]
+        self.reads = [LoopReads() for _ in loops]
         self.selected = 0
         self.message = ""
         self.lock = threading.Lock()
@@ -153,35 +153,35 @@ class View:
         """Ask every loop (or one) that has no read in flight for a new one."""
         asked = []
         now = time.monotonic()
-        for index, watch in enumerate(self.watches):
+        for index, reads in enumerate(self.reads):
             if only is not None and index != only:
                 continue
             with self.lock:
-                if watch.asked is not None:
+                if reads.asked is not None:
                     continue
-                watch.asked = now
-                watch.first = watch.first or now
+                reads.asked = now
+                reads.first = reads.first or now
             asked.append(self.pool.submit(self._fetch, index, index == self.selected))
         return asked
 
     def _fetch(self, index: int, detailed: bool) -> None:
-        loop, watch = self.loops[index], self.watches[index]
+        loop, reads = self.loops[index], self.reads[index]
         try:
             found = self._read(loop, detailed)
         except Exception as exc:  # a bug here must show in the row, not stop the reads
-            found = view.Snapshot({"error": f"read failed: {exc!r}", "reachable": False})
+            found = view.LoopReading.unread(f"read failed: {exc!r}", reachable=False)
         with self.lock:
-            watch.asked = None
-            if found.answered:
-                watch.last, watch.failed = found, None
+            reads.asked = None
+            if found.reachable:
+                reads.last, reads.failed = found, None
                 if detailed:
-                    watch.detailed = found
+                    reads.detailed = found
             else:
-                watch.failed = found
+                reads.failed = found
 
-    def _read(self, loop: Loop, detailed: bool) -> view.Snapshot:
+    def _read(self, loop: Loop, detailed: bool) -> view.LoopReading:
         if loop.error:
-            return view.Snapshot({"error": loop.error, "reachable": False})
+            return view.LoopReading.unread(loop.error, reachable=False)
         if loop.conn is not None:
             return view.read_remote(loop.conn, loop.workdir, detailed, self.timeout)
         return view.read_local(loop.workdir, detailed)
@@ -195,18 +195,18 @@ class View:
         """The screen; `height` None: no limit (the plain snapshot)."""
         now, wall = time.monotonic(), time.time()
         with self.lock:
-            known = [(w.last or w.failed, w.detailed, self._stale(w, now)) for w in self.watches]
+            known = [(w.last or w.failed, w.detailed, self._stale(w, now)) for w in self.reads]
         room = len(self.loops) if height is None else max(1, height - 11)
         first = min(max(0, self.selected - room + 1), max(0, len(self.loops) - room))
         shown = range(first, min(len(self.loops), first + room))
         rows = []
         for index in shown:
             last, _, stale = known[index]
-            snapshot = last or view.Snapshot({"error": "", "reachable": False})
+            reading = last or view.LoopReading.unread("", reachable=False)
             selected = index == self.selected
             style = "reverse" if selected else "dim" if stale else None
             mark = ">" if selected else " "
-            rows.append((mark + self.loops[index].label, view.cells(snapshot, wall, stale), style))
+            rows.append((mark + self.loops[index].label, view.cells(reading, wall, stale), style))
         if plain:
             rows = [(name, cells, None) for name, cells, _ in rows]
         heading = f"ralph-run top  {time.strftime('%H:%M:%S')}  {len(self.loops)} loop(s)"
@@ -214,7 +214,7 @@ class View:
             heading += f", {shown.start + 1}-{shown.stop} shown"
         loop = self.loops[self.selected]
         last, detailed, stale = known[self.selected]
-        death = view.last_death_text(last.row) if last else ""
+        death = view.last_death_text(last.status) if last and last.status else ""
         title = loop.label + (f" [{stale}]" if stale else "") + (f": {death}" if death else "")
         title += f"  ({loop.host}:{loop.workdir})"
         budget = None if height is None else height - 3 - len(rows) - (0 if plain else 2)
@@ -226,15 +226,15 @@ class View:
         return Group(*parts)
 
     @staticmethod
-    def _stale(watch: Watch, now: float) -> str | None:
+    def _stale(reads: LoopReads, now: float) -> str | None:
         """ "no answer Ns" (since its last answer) for a loop whose read is out too long or got
         no answer; "reading..." for one not read yet; None when it is fresh."""
-        late = watch.asked is not None and now - watch.asked > STALE
-        if watch.last is not None and (late or watch.failed):
-            return f"no answer {view.duration(time.time() - watch.last.wall)}"
-        if watch.last is None and watch.failed is None:
+        late = reads.asked is not None and now - reads.asked > STALE
+        if reads.last is not None and (late or reads.failed):
+            return f"no answer {view.duration(time.time() - reads.last.wall)}"
+        if reads.last is None and reads.failed is None:
             return (
-                f"no answer {view.duration(now - (watch.first or now))}" if late else "reading..."
+                f"no answer {view.duration(now - (reads.first or now))}" if late else "reading..."
             )
         return None  # fresh, or never answered and its error says why
 

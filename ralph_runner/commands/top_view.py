@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 from rich import box
@@ -31,9 +30,13 @@ from rich.text import Text
 
 from ralph_runner.commands import status as status_command
 from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
+from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.loop import pause as pause_control
+from ralph_runner.loop.state import LastFailure, State
 from ralph_runner.process import connection
+from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR
+from ralph_runner.workspace.status_file import STATUS_FILE, CheckedStatus
 
 HISTORY_TAIL = 30  # iterations read of each loop: the last ones shown, the items per hour
 HISTORY_SHOWN = 5  # ... of which the details show at most this many
@@ -49,11 +52,11 @@ KV_CACHE = "vllm:kv_cache_usage_perc"
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 # One round trip: the pid's liveness and status.json, state.json, the history's end, the ring's.
 REMOTE = """d={dir}
-if [ -r "$d/status.json" ]; then
-  pid=$(sed -n 's/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p' "$d/status.json" | head -n 1)
+if [ -r "$d/{status}" ]; then
+  pid=$(sed -n 's/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p' "$d/{status}" | head -n 1)
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then s=alive; else s=gone; fi
   if [ -e "$d/{pause}" ]; then echo "$s {pause}"; else echo "$s"; fi
-  cat -- "$d/status.json"
+  cat -- "$d/{status}"
 else echo missing; fi
 echo; echo {sep}; cat -- "$d/state.json" 2>/dev/null
 echo; echo {sep}; tail -n {lines} -- "$d/{history}" 2>/dev/null
@@ -69,50 +72,53 @@ REMOTE_OUTPUT = 1024 * 1024  # bytes of its output kept (execute keeps the end)
 
 
 @dataclass
-class Snapshot:
+class LoopReading:
     """One read of one loop: its status (or why there is none) and what the details show."""
 
-    row: dict[str, Any]  # status.json, "running" checked; or {"error", "reachable"}
-    history: list[dict[str, Any]] = field(default_factory=list)
+    status: CheckedStatus | None  # None: not read, `error` says why
+    error: str = ""
+    reachable: bool = True  # the loop's place answered (a missing status is an answer)
+    history: list[JSONObject] = field(default_factory=list)
     death_time: float | None = None  # state.json's last death, to the millisecond
-    failure: dict[str, Any] | None = None  # state.json's last failed attempt
-    samples: list[dict[str, Any]] | None = None  # the ring's; None: not read (not selected)
+    failure: LastFailure | None = None  # state.json's last failed attempt
+    samples: list[JSONObject] | None = None  # the ring's; None: not read (not selected)
     log: list[str] = field(default_factory=list)  # the ring's last server log lines
     wall: float = field(default_factory=time.time)  # when it was read
 
-    @property
-    def answered(self) -> bool:
-        """The loop's place answered (a missing status is an answer; no connection is not)."""
-        return bool(self.row.get("reachable", True))
+    @classmethod
+    def unread(cls, error: str, reachable: bool = True) -> LoopReading:
+        """No status: why (`reachable`: the place answered, as a missing file does)."""
+        return cls(None, error, reachable)
 
 
 # -- reading --------------------------------------------------------------------------
-def read_local(workdir: str, detailed: bool) -> Snapshot:
+def read_local(workdir: str, detailed: bool) -> LoopReading:
     """A workdir on this machine, read directly (no process started)."""
     base = Path(workdir) / STATE_DIR
     try:
-        text = (base / "status.json").read_text("utf-8")
+        text = (base / STATUS_FILE).read_text("utf-8")
     except FileNotFoundError:
-        return Snapshot({"error": "no status (never run here?)", "reachable": True})
+        return LoopReading.unread("no status (never run here?)")
     except (OSError, UnicodeDecodeError) as exc:
-        return Snapshot({"error": f"status.json: {exc}", "reachable": True})
-    row = _object(text)
-    if row is None:
-        return Snapshot({"error": "unreadable status.json", "reachable": True})
-    row["running"] = bool(row.get("running")) and status_command.pid_alive(row.get("pid"))
-    row["pause_left"] = not row["running"] and (base / pause_control.CONTROL).exists()
-    state = _object(_read(base / "state.json")) or {}
+        return LoopReading.unread(f"{STATUS_FILE}: {exc}")
+    found = _object(text)
+    if found is None:
+        return LoopReading.unread(f"unreadable {STATUS_FILE}")
+    status = status_file.parse(found, base / STATUS_FILE)
+    alive = status_command.pid_alive(status["pid"])
+    checked = status_file.checked(status, alive, (base / pause_control.CONTROL).exists())
+    state = _object(_read(base / "state.json"))
     history = _read(base / HISTORY_FILE, TAIL_BYTES)
     ring = ""
     if detailed:
         segments = sorted((base / DIRECTORY).glob(SEGMENT_GLOB))[-2:]
         ring = "\n".join(_read(path, RING_BYTES) for path in segments)
-    return _snapshot(row, state, history, ring if detailed else None)
+    return _reading(checked, state, history, ring if detailed else None)
 
 
 def read_remote(
     conn: connection.Connection, workdir: str, detailed: bool, timeout: float
-) -> Snapshot:
+) -> LoopReading:
     """A loop on another host: one shell command over its connection, within `timeout`."""
     where = f"{workdir.rstrip('/')}/{STATE_DIR}"
     ring = REMOTE_RING.format(directory=DIRECTORY, glob=SEGMENT_GLOB, bytes=REMOTE_RING_BYTES)
@@ -123,13 +129,14 @@ def read_remote(
         history=HISTORY_FILE,
         ring=ring if detailed else "",
         pause=pause_control.CONTROL,
+        status=STATUS_FILE,
     )
     result = conn.shell(command, timeout=timeout, max_output=REMOTE_OUTPUT)
     if result.timed_out:
-        return Snapshot({"error": f"no answer within {timeout:g} s", "reachable": False})
+        return LoopReading.unread(f"no answer within {timeout:g} s", reachable=False)
     if result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
         lines = result.output.strip().splitlines()
-        return Snapshot({"error": lines[-1] if lines else "ssh failed", "reachable": False})
+        return LoopReading.unread(lines[-1] if lines else "ssh failed", reachable=False)
     parts: list[list[str]] = [[], [], [], []]
     index = 0
     for line in result.output.split("\n"):
@@ -140,14 +147,15 @@ def read_remote(
     first, *status_lines = parts[0] or ["missing"]
     alive, *flags = first.split() or ["missing"]
     if result.exit_code != 0 or alive == "missing":
-        return Snapshot({"error": f"no status at {where}/status.json", "reachable": True})
-    row = _object("\n".join(status_lines))
-    if row is None:
-        return Snapshot({"error": f"unreadable status at {where}/status.json", "reachable": True})
-    row["running"] = bool(row.get("running")) and alive == "alive"
-    row["pause_left"] = not row["running"] and pause_control.CONTROL in flags
-    state = _object("\n".join(parts[1])) or {}
-    return _snapshot(row, state, "\n".join(parts[2]), "\n".join(parts[3]) if detailed else None)
+        return LoopReading.unread(f"no status at {where}/{STATUS_FILE}")
+    found = _object("\n".join(status_lines))
+    if found is None:
+        return LoopReading.unread(f"unreadable status at {where}/{STATUS_FILE}")
+    status = status_file.parse(found, Path(where) / STATUS_FILE)
+    checked = status_file.checked(status, alive == "alive", pause_control.CONTROL in flags)
+    state = _object("\n".join(parts[1]))
+    ring_text = "\n".join(parts[3]) if detailed else None
+    return _reading(checked, state, "\n".join(parts[2]), ring_text)
 
 
 def remote_path(path: str) -> str:
@@ -155,23 +163,25 @@ def remote_path(path: str) -> str:
     return f'"$HOME"/{shlex.quote(path[2:])}' if path.startswith("~/") else shlex.quote(path)
 
 
-def _snapshot(
-    row: dict[str, Any], state: dict[str, Any], history: str, ring: str | None
-) -> Snapshot:
-    times = state.get("death_times")
-    death_time = times[-1] if isinstance(times, list) and times else None
-    failure = state.get("last_failure")
-    snapshot = Snapshot(
-        row,
+def _reading(
+    status: CheckedStatus, state_json: JSONObject | None, history: str, ring: str | None
+) -> LoopReading:
+    try:
+        state = State.from_dict(state_json or {})
+    except ValueError:  # a state.json this ralph-run cannot read: the run will say so
+        state = State()
+    reading = LoopReading(
+        status,
         history=_lines(history)[-HISTORY_TAIL:],
-        death_time=death_time if isinstance(death_time, int | float) else None,
-        failure=failure if isinstance(failure, dict) else None,
+        death_time=state.death_times[-1] if state.death_times else None,
+        failure=state.last_failure,
     )
     if ring is not None:
         entries = _lines(ring, keep=('"sample"', '"log"'))
-        snapshot.samples = [e for e in entries if isinstance(e.get("sample"), dict)]
-        snapshot.log = [e["log"] for e in entries if isinstance(e.get("log"), str)][-LOG_LINES:]
-    return snapshot
+        reading.samples = [e for e in entries if isinstance(e.get("sample"), dict)]
+        logged = [line for e in entries if isinstance(line := e.get("log"), str)]
+        reading.log = logged[-LOG_LINES:]
+    return reading
 
 
 def _read(path: Path, tail: int | None = None) -> str:
@@ -184,15 +194,15 @@ def _read(path: Path, tail: int | None = None) -> str:
         return ""
 
 
-def _object(text: str) -> dict[str, Any] | None:
+def _object(text: str) -> JSONObject | None:
     try:
-        found = orjson.loads(text)
+        found: JSON = orjson.loads(text)
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
 
 
-def _lines(text: str, keep: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def _lines(text: str, keep: tuple[str, ...] = ()) -> list[JSONObject]:
     """The JSON objects of a JSONL text's lines (a torn first or last line is skipped); with
     `keep`, only the lines that hold one of those strings are parsed."""
     found = []
@@ -206,82 +216,76 @@ def _lines(text: str, keep: tuple[str, ...] = ()) -> list[dict[str, Any]]:
 
 
 # -- the table's cells ----------------------------------------------------------------
-def state_text(row: dict[str, Any], death_time: float | None, now: float) -> str:
+def state_text(status: CheckedStatus, death_time: float | None, now: float) -> str:
     """What the loop does: paused, recovering (a death recorded, the status not rewritten by a
     step since), waiting for a usage limit's reset, running, pausing, dead, or how it ended."""
-    pause = row.get("pause") or {}
-    if not row.get("running"):
-        ended = "dead" if row.get("status") == "running" else str(row.get("status", "?"))
+    if not status["running"]:
+        ended = "dead" if status["status"] == "running" else status["status"] or "?"
         # a pause left behind holds the next run before its first iteration: r clears it
-        return f"{ended}, paused" if row.get("pause_left") else ended
-    if row.get("paused"):
+        return f"{ended}, paused" if status["pause_left"] else ended
+    if status["paused"]:
         return "paused"
-    if recovering(row, death_time):
+    if recovering(status, death_time):
         return f"recovering {duration(now - death_time)}" if death_time else "recovering"
-    limited = row.get("limited") or {}
-    until = limited.get("until") if isinstance(limited, dict) else None
-    if isinstance(until, int | float):
-        return f"limited {duration(until - now)}"
-    return str(pause.get("state") or "running")
+    if status["limited"] is not None:
+        return f"limited {duration(status['limited']['until'] - now)}"
+    return status["pause"]["state"] if status["pause"] else "running"
 
 
-def recovering(row: dict[str, Any], death_time: float | None) -> bool:
+def recovering(status: CheckedStatus, death_time: float | None) -> bool:
     """The last status write was the death's: the step it shows began before the death (every
     step after the recovery writes a later `step_started`, a new iteration none)."""
-    last = row.get("last_death")
-    started, updated = row.get("step_started"), row.get("updated")
-    if not isinstance(last, dict) or last.get("death") != row.get("deaths") or not death_time:
+    last, started = status["last_death"], status["step_started"]
+    if last is None or last["death"] != status["deaths"] or not death_time or started is None:
         return False
-    if not isinstance(started, int | float) or not isinstance(updated, int | float):
-        return False
-    return started < death_time <= updated
+    return started < death_time <= status["updated"]
 
 
-def cells(snapshot: Snapshot, now: float, stale: str | None = None) -> list[str]:
+def cells(reading: LoopReading, now: float, stale: str | None = None) -> list[str]:
     """The row's cells after the loop's name: state, it, item, step, /h, deaths, d/t/s."""
-    row = snapshot.row
-    if "error" in row:
-        what = stale or ("unreachable" if not row.get("reachable") else "no status")
-        return [what, "", row["error"], "", "", "", ""]
+    status = reading.status
+    if status is None:
+        what = stale or ("unreachable" if not reading.reachable else "no status")
+        return [what, "", reading.error, "", "", "", ""]
     if stale:
-        now = snapshot.wall  # the last known row, frozen as it was read
-    item = row.get("item") or ""
+        now = reading.wall  # the last known row, frozen as it was read
+    item = status["item"] or ""
     if item:
-        item += f" ({row.get('attempts', 0) + 1})"
-    pause = row.get("pause") or {}
-    since = pause.get("since") if row.get("paused") else row.get("step_started")
-    step = duration(now - since) if row.get("running") and isinstance(since, int | float) else ""
-    deaths = str(row.get("deaths", 0))  # the last one's fault: in the details' title
-    counts = f"{row.get('done', 0)}/{row.get('todo', 0)}/{row.get('skipped', 0)}"
+        item += f" ({status['attempts'] + 1})"
+    pause = status["pause"]
+    since = (pause["since"] if pause else None) if status["paused"] else status["step_started"]
+    step = duration(now - since) if status["running"] and since is not None else ""
+    deaths = str(status["deaths"])  # the last one's fault: in the details' title
+    counts = f"{status.get('done', 0)}/{status.get('todo', 0)}/{status.get('skipped', 0)}"
     return [
-        stale or state_text(row, snapshot.death_time, now),
-        str(row.get("iteration", 0)),
+        stale or state_text(status, reading.death_time, now),
+        str(status["iteration"]),
         item,
         step,
-        per_hour(snapshot.history, now if row.get("running") else None),
+        per_hour(reading.history, now if status["running"] else None),
         deaths,
         counts,
     ]
 
 
-def per_hour(history: list[dict[str, Any]], now: float | None) -> str:
+def per_hour(history: list[JSONObject], now: float | None) -> str:
     """Items done per hour: the done iterations that started in the hour before `now` (None: a
     loop that ended, up to its last iteration's end), over the time since the first of the
     iterations read in that hour (at least a minute)."""
     if now is None:
         ends = [
-            line["started"] + (line.get("seconds") or 0)
+            started + seconds
             for line in history
-            if isinstance(line.get("started"), int | float)
-            and isinstance(line.get("seconds") or 0, int | float)
+            if isinstance(started := line.get("started"), int | float)
+            and isinstance(seconds := line.get("seconds") or 0, int | float)
         ]
         if not ends:
             return ""
         now = max(ends)
     starts = [
-        (line["started"], line.get("outcome") == "done")
+        (started, line.get("outcome") == "done")
         for line in history
-        if isinstance(line.get("started"), int | float) and line["started"] >= now - RATE_WINDOW
+        if isinstance(started := line.get("started"), int | float) and started >= now - RATE_WINDOW
     ]
     if not starts:
         return ""
@@ -292,6 +296,8 @@ def per_hour(history: list[dict[str, Any]], now: float | None) -> str:
 
 
 def duration(seconds: float) -> str:
+    """A span in a table cell: "45s", "3m05s", "2h07m" (at most 6 characters, whole seconds;
+    `deaths` and the console say theirs in words: deaths/text.duration, output.span)."""
     seconds = max(0, int(seconds))
     if seconds < 60:
         return f"{seconds}s"
@@ -316,13 +322,15 @@ def sparkline(values: list[float | None], width: int, top: float | None = None) 
     return "".join(bars).rjust(width)
 
 
-def series(samples: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+def series(samples: list[JSONObject]) -> dict[str, list[float | None]]:
     """The engine's tokens/s (the generation counter's rate between samples), KV-cache use (%)
     and running / waiting requests, one value per sample, None where it had none."""
     found: dict[str, list[float | None]] = {"tok/s": [], "kv %": [], "run": [], "wait": []}
     previous: tuple[float, float] | None = None
     for entry in samples:
-        metrics = entry["sample"].get("metrics") or {}
+        sample = entry.get("sample")
+        metrics = sample.get("metrics") if isinstance(sample, dict) else None
+        metrics = metrics if isinstance(metrics, dict) else {}
         t, generated = entry.get("t"), metrics.get(GENERATED)
         rate = None
         if isinstance(t, int | float) and isinstance(generated, int | float):
@@ -339,11 +347,11 @@ def series(samples: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     return found
 
 
-def _number(value: Any) -> float | None:
+def _number(value: JSON) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def engine_lines(samples: list[dict[str, Any]] | None, width: int) -> list[Text]:
+def engine_lines(samples: list[JSONObject] | None, width: int) -> list[Text]:
     """Two lines of sparklines from the recorder's ring: tokens/s and KV cache, then running
     and waiting requests, each with its last value."""
     if samples is None:
@@ -364,7 +372,7 @@ def engine_lines(samples: list[dict[str, Any]] | None, width: int) -> list[Text]
     return lines
 
 
-def iterations(lines: list[dict[str, Any]], rows: int) -> RenderableType:
+def iterations(lines: list[JSONObject], rows: int) -> RenderableType:
     """The last iterations with their receipts: tokens (prompt/generated, this loop's own
     through the proxy, else the server's prompt counter), the commit, the lines changed."""
     if not lines or rows <= 0:
@@ -380,8 +388,8 @@ def iterations(lines: list[dict[str, Any]], rows: int) -> RenderableType:
         seconds = line.get("seconds")
         commit = line.get("commit")
         changed = ""
-        if commit and isinstance(line.get("insertions"), int):
-            changed = f"+{line['insertions']} -{line.get('deletions') or 0}"
+        if commit and isinstance(insertions := line.get("insertions"), int):
+            changed = f"+{insertions} -{line.get('deletions') or 0}"
         table.add_row(
             str(line.get("iteration", "")),
             str(line.get("outcome", "")),
@@ -394,7 +402,7 @@ def iterations(lines: list[dict[str, Any]], rows: int) -> RenderableType:
     return table
 
 
-def _tokens(line: dict[str, Any]) -> str:
+def _tokens(line: JSONObject) -> str:
     receipt = line.get("receipt")
     if isinstance(receipt, dict):
         return f"{_count(receipt.get('prompt_tokens'))}/{_count(receipt.get('generated_tokens'))}"
@@ -402,25 +410,25 @@ def _tokens(line: dict[str, Any]) -> str:
     return f"{_count(prompt)}/?" if isinstance(prompt, int) else ""
 
 
-def _count(value: Any) -> str:
+def _count(value: JSON) -> str:
     if not isinstance(value, int | float):
         return "?"
     return f"{value / 1000:.1f}k" if value >= 10_000 else str(int(value))
 
 
-def output_lines(snapshot: Snapshot | None, rows: int) -> list[Text]:
+def output_lines(reading: LoopReading | None, rows: int) -> list[Text]:
     """The last output there is: the last failed attempt's (masked by the loop), else the
     server's log lines from the recorder's ring (masked by the recorder)."""
     if rows <= 0:
         return []
-    if snapshot is None:
+    if reading is None:
         return [Text("  output: reading...")]
-    failure = snapshot.failure
-    if failure and str(failure.get("output_tail") or "").strip():
-        title = f"  last failed attempt's output ({failure.get('item')}):"
-        text = str(failure["output_tail"]).splitlines()
-    elif snapshot.log:
-        title, text = "  server log (recorder):", snapshot.log
+    failure = reading.failure
+    if failure and failure["output_tail"].strip():
+        title = f"  last failed attempt's output ({failure['item']}):"
+        text = failure["output_tail"].splitlines()
+    elif reading.log:
+        title, text = "  server log (recorder):", reading.log
     else:
         return [Text("  output: none recorded (no failed attempt, no recorder log)")]
     shown = [Text(title, no_wrap=True, overflow="ellipsis")]
@@ -429,14 +437,14 @@ def output_lines(snapshot: Snapshot | None, rows: int) -> list[Text]:
     return shown
 
 
-def last_death_text(row: dict[str, Any]) -> str:
-    last = row.get("last_death")
-    if not isinstance(last, dict):
+def last_death_text(status: CheckedStatus) -> str:
+    last = status["last_death"]
+    if last is None:
         return ""
-    when = str(last.get("time") or "")
+    when = last["time"]
     with contextlib.suppress(ValueError):
         when = datetime.fromisoformat(when).strftime("%H:%M:%S")
-    return f"death {last.get('death')} at {when} in {last.get('phase')}: {last.get('fault')}"
+    return f"death {last['death']} at {when} in {last['phase']}: {last['fault']}"
 
 
 def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
@@ -457,18 +465,18 @@ def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
 
 def details(
     title: str,
-    snapshot: Snapshot | None,
-    detailed: Snapshot | None,
+    reading: LoopReading | None,
+    detailed: LoopReading | None,
     width: int,
     budget: int | None,
 ) -> list[RenderableType]:
     """Under the table, in `budget` lines (None: no limit): the selected loop's engine
     sparklines, its last iterations and its last output."""
     parts: list[RenderableType] = [Text(title, no_wrap=True, overflow="ellipsis")]
-    if snapshot is None or "error" in snapshot.row:
-        return [*parts, Text(f"  {snapshot.row['error'] if snapshot else 'reading...'}")]
+    if reading is None or reading.status is None:
+        return [*parts, Text(f"  {reading.error if reading else 'reading...'}")]
     engine = engine_lines(detailed.samples if detailed else None, width)
-    history = snapshot.history if snapshot else []
+    history = reading.history
     if budget is None:
         shown, out = HISTORY_SHOWN, LOG_LINES + 1
     else:

@@ -40,7 +40,7 @@ class SignatureRow(TypedDict):
     example: str | None  # the line the signature was masked from, as the last death had it
 
 
-class HostRow(TypedDict):
+class DeathsOnHost(TypedDict):
     deaths: int
     iterations: int
     deaths_per_iteration: float | None  # None: no history from that host
@@ -151,7 +151,7 @@ class Answers(TypedDict):
     by_signature: list[SignatureRow]
     by_phase: dict[str, int]
     by_fault: dict[str, int]
-    by_host: dict[str, HostRow]
+    by_host: dict[str, DeathsOnHost]
     between_deaths: BetweenDeaths
     recovery: Recovery
     prompt_size: PromptSize

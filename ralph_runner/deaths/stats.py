@@ -26,7 +26,7 @@ from ralph_runner.deaths.answers import (
     Answers,
     BetweenDeaths,
     Cluster,
-    HostRow,
+    DeathsOnHost,
     ItemCost,
     PromptSize,
     Recovery,
@@ -329,7 +329,7 @@ def by_signature(deaths: list[Death]) -> list[SignatureRow]:
 
 def by_host(
     deaths: list[Death], iterations: list[JSONObject], hosts: list[str]
-) -> dict[str, HostRow]:
+) -> dict[str, DeathsOnHost]:
     died = Counter(d.host for d in deaths)
     ran = Counter(str(i.get("host") or "?") for i in iterations)
     return {

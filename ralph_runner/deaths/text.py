@@ -13,7 +13,7 @@ from ralph_runner.deaths.answers import (
     Answers,
     BetweenDeaths,
     DeathRow,
-    HostRow,
+    DeathsOnHost,
     PromptSize,
     Recovery,
     Throughput,
@@ -189,7 +189,7 @@ def counts(mapping: dict[str, int]) -> str:
     return ", ".join(f"{key} {n}" for key, n in mapping.items())
 
 
-def share(row: HostRow) -> str:
+def share(row: DeathsOnHost) -> str:
     rate = row["deaths_per_iteration"]
     return "no history" if rate is None else f"{rate:.1%}"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import pause
@@ -18,7 +18,6 @@ from ralph_runner.process import connection
 from ralph_runner.runbook import inventory
 from ralph_runner.workspace.state_files import STATE_DIR
 
-NO_WORKDIR = 3
 PAUSE = (  # a request already there is kept (its time, its author) unless --now adds "now"
     'd={dir}; [ -d "$d" ] || {{ echo "no such workdir: $d"; exit 3; }}; '
     'if [ -e "$d/{state}/{name}" ] && [ {now} = 0 ]; then'
@@ -33,6 +32,15 @@ RESUME = (
 )
 
 
+class Answer(TypedDict):
+    """One host's answer (`pause -i --json` prints them): what it said, or the error."""
+
+    host: str
+    workdir: str
+    said: NotRequired[str]  # "pause asked for", "resumed", ...
+    error: NotRequired[str]  # unreachable, no such workdir, ...
+
+
 def command(action: str, workdir: str, now: bool = False) -> str:
     """The shell that pauses or resumes the loop of `workdir` on its host."""
     quoted = workdir if workdir.startswith("~/") else shlex.quote(workdir)
@@ -43,26 +51,27 @@ def command(action: str, workdir: str, now: bool = False) -> str:
 
 def send_one(
     host: str, conn: connection.Connection, workdir: str, action: str, now: bool, timeout: float
-) -> dict[str, Any]:
+) -> Answer:
     """One host's answer: {host, workdir, said} or {host, workdir, error}; never raises."""
     result = conn.shell(command(action, workdir, now), timeout=timeout)
-    base = {"host": host, "workdir": workdir}
     lines = result.output.strip().splitlines()
     if result.timed_out:
-        return {**base, "error": f"unreachable: no answer within {timeout:g} s"}
-    if result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
-        return {**base, "error": "unreachable: " + (lines[-1] if lines else "ssh failed")}
-    if result.exit_code != 0:
-        return {**base, "error": lines[-1] if lines else f"exit {result.exit_code}"}
-    return {**base, "said": lines[-1] if lines else action}
+        error = f"unreachable: no answer within {timeout:g} s"
+    elif result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
+        error = "unreachable: " + (lines[-1] if lines else "ssh failed")
+    elif result.exit_code != 0:
+        error = lines[-1] if lines else f"exit {result.exit_code}"
+    else:
+        return {"host": host, "workdir": workdir, "said": lines[-1] if lines else action}
+    return {"host": host, "workdir": workdir, "error": error}
 
 
 def send_all(
     inventory_path: str, places: dict[str, str], action: str, now: bool, timeout: float
-) -> list[dict[str, Any]]:
+) -> list[Answer]:
     inv = inventory.load(inventory_path)
 
-    def one(host: str) -> dict[str, Any]:
+    def one(host: str) -> Answer:
         try:
             conn = connection.for_host({**inv.host_vars(host), "inventory_hostname": host})
         except FatalError as exc:

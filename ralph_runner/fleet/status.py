@@ -15,15 +15,18 @@ import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, final
 
 from ralph_runner import templating
+from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.loop import pause
 from ralph_runner.output import columns
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, plan
+from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import STATE_DIR
+from ralph_runner.workspace.status_file import STATUS_FILE, CheckedStatus
 
 DEFAULT_WORKDIR = "{{ ralph_workdir | default('.') }}"
 READ_STATUS = (  # one round trip: the status file, then whether its pid still runs there
@@ -33,6 +36,30 @@ READ_STATUS = (  # one round trip: the status file, then whether its pid still r
     ' && printf "\\n%s%s\\n" "$( [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo alive'
     ' || echo gone)" "$( [ -e {pause} ] && echo " pause")"'
 )
+
+
+@final  # final: `"error" in row` tells the two apart
+class HostStatus(CheckedStatus):
+    """One host's loop as `status -i` shows it (and prints it with --json)."""
+
+    host: str
+    workdir: str
+    seconds: float  # the read's round trip
+    reachable: bool
+
+
+@final
+class HostError(TypedDict):
+    """One host whose status could not be read, and why."""
+
+    host: str
+    workdir: NotRequired[str]  # absent: the host's connection could not be made
+    seconds: NotRequired[float]
+    reachable: bool  # False: no answer; True: an answer without a status
+    error: str
+
+
+HostAnswer = HostStatus | HostError
 
 
 def workdirs(target: str | None, inventory_path: str, limit: str | None) -> dict[str, str]:
@@ -52,10 +79,10 @@ def workdirs(target: str | None, inventory_path: str, limit: str | None) -> dict
     return found
 
 
-def read_all(inventory_path: str, places: dict[str, str], timeout: float) -> list[dict[str, Any]]:
+def read_all(inventory_path: str, places: dict[str, str], timeout: float) -> list[HostAnswer]:
     inv = inventory.load(inventory_path)
 
-    def one(host: str) -> dict[str, Any]:
+    def one(host: str) -> HostAnswer:
         try:
             conn = connection.for_host({**inv.host_vars(host), "inventory_hostname": host})
         except FatalError as exc:
@@ -66,38 +93,48 @@ def read_all(inventory_path: str, places: dict[str, str], timeout: float) -> lis
         return list(pool.map(one, places))
 
 
-def read_one(
-    host: str, conn: connection.Connection, workdir: str, timeout: float
-) -> dict[str, Any]:
+def read_one(host: str, conn: connection.Connection, workdir: str, timeout: float) -> HostAnswer:
     """One host's status, or why it could not be read; never raises, never outlives timeout."""
     started = time.monotonic()
-    status_file = f"{workdir.rstrip('/')}/{STATE_DIR}/status.json"
+    status_path = f"{workdir.rstrip('/')}/{STATE_DIR}/{STATUS_FILE}"
     pause_file = f"{workdir.rstrip('/')}/{STATE_DIR}/{pause.CONTROL}"
     quoted, pause_quoted = (
-        path if path.startswith("~/") else shlex.quote(path) for path in (status_file, pause_file)
+        path if path.startswith("~/") else shlex.quote(path) for path in (status_path, pause_file)
     )
     result = conn.shell(READ_STATUS.format(file=quoted, pause=pause_quoted), timeout=timeout)
     seconds = round(time.monotonic() - started, 3)
-    base = {"host": host, "workdir": workdir, "seconds": seconds}
     if result.timed_out:
-        return {**base, "reachable": False, "error": f"no answer within {timeout:g} s"}
+        return _unread(host, workdir, seconds, False, f"no answer within {timeout:g} s")
     if result.exit_code == connection.SSH_UNREACHABLE and isinstance(conn, connection.Ssh):
         lines = result.output.strip().splitlines()
-        return {**base, "reachable": False, "error": lines[-1] if lines else "ssh failed"}
+        return _unread(host, workdir, seconds, False, lines[-1] if lines else "ssh failed")
     if result.exit_code != 0:
-        return {**base, "reachable": True, "error": f"no status at {status_file}"}
+        return _unread(host, workdir, seconds, True, f"no status at {status_path}")
     text, _, liveness = result.output.rstrip("\n").rpartition("\n")
     try:
-        status = json.loads(text)
+        found: JSON = json.loads(text)
     except ValueError:
-        return {**base, "reachable": True, "error": f"unreadable status at {status_file}"}
+        found = None
+    if not isinstance(found, dict):
+        return _unread(host, workdir, seconds, True, f"unreadable status at {status_path}")
     alive, *flags = liveness.split() or ["gone"]
-    running = bool(status.get("running")) and alive == "alive"
-    pause_left = not running and "pause" in flags
-    return {**status, **base, "reachable": True, "running": running, "pause_left": pause_left}
+    status = status_file.checked(
+        status_file.parse(found, Path(status_path)), alive == "alive", "pause" in flags
+    )
+    return {**status, "host": host, "workdir": workdir, "seconds": seconds, "reachable": True}
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
+def _unread(host: str, workdir: str, seconds: float, reachable: bool, error: str) -> HostError:
+    return {
+        "host": host,
+        "workdir": workdir,
+        "seconds": seconds,
+        "reachable": reachable,
+        "error": error,
+    }
+
+
+def table(rows: list[HostAnswer]) -> list[str]:
     header = ("host", "state", "iter", "done", "todo", "skipped", "deaths", "last death", "updated")
     lines: list[tuple[str, ...]] = [header]
     for row in rows:
@@ -105,32 +142,32 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             state = "unreachable" if not row["reachable"] else "no status"
             lines.append((row["host"], f"{state}: {row['error']}", *[""] * 7))
             continue
-        state = "running" if row["running"] else row.get("status", "?")
-        if row["running"] and row.get("paused"):
+        state = "running" if row["running"] else row["status"] or "?"
+        if row["running"] and row["paused"]:
             state = "paused"
-        if not row["running"] and row.get("status") == "running":
+        if not row["running"] and row["status"] == "running":
             state = "dead (was running)"
-        if row.get("pause_left"):  # `ralph-run resume` clears it
+        if row["pause_left"]:  # `ralph-run resume` clears it
             state += ", paused"
-        last = row.get("last_death") or {}
+        last = row["last_death"]
         lines.append(
             (
                 row["host"],
                 state,
-                str(row.get("iteration", 0)),
+                str(row["iteration"]),
                 str(row.get("done", 0)),
                 str(row.get("todo", 0)),
                 str(row.get("skipped", 0)),
-                str(row.get("deaths", 0)),
-                f"{last.get('time', '')} {last.get('phase', '')}".strip() or "-",
-                _ago(row.get("updated")),
+                str(row["deaths"]),
+                f"{last['time']} {last['phase']}".strip() if last else "-",
+                _ago(row["updated"]),
             )
         )
     return columns(lines)
 
 
-def _ago(updated: Any) -> str:
-    if not isinstance(updated, int | float):
+def _ago(updated: float) -> str:
+    if not updated:  # a status without it
         return "-"
     seconds = max(0, int(time.time() - updated))
     return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago"

@@ -129,6 +129,20 @@ class Status(ChecklistFields, PauseFields):
     crash: NotRequired[str]  # an internal error's cause (crash.py), status "crashed"
 
 
+class CheckedStatus(Status):
+    """A status as its readers show it: `running` checked (its pid still runs), and whether a
+    pause request outlived its loop (`.ralph/pause` left behind: the next run waits)."""
+
+    pause_left: bool
+
+
+def checked(status: Status, alive: bool, pause_file: bool) -> CheckedStatus:
+    """The status with `running` true only while its pid is `alive`, and `pause_left` when the
+    loop is not running and its pause file is there."""
+    running = status["running"] and alive
+    return {**status, "running": running, "pause_left": not running and pause_file}
+
+
 def path(workdir: Path) -> Path:
     """Where a workdir's status is."""
     return workdir / STATE_DIR / STATUS_FILE

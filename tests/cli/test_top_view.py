@@ -19,12 +19,14 @@ from standin_helpers import wait_for
 from ralph_runner.commands import top
 from ralph_runner.commands import top_view as view
 from ralph_runner.process import connection
+from ralph_runner.workspace import status_file
+from ralph_runner.workspace.status_file import CheckedStatus
 
 D = 1_700_000_000.0  # the death's time
 
 
-def death_row(**changes: Any) -> dict[str, Any]:
-    """status.json as the loop writes it at a death during its agent step."""
+def death_row(**changes: Any) -> CheckedStatus:
+    """status.json as the loop writes it at a death during its agent step, as top reads it."""
     row = {
         "status": "running",
         "running": True,
@@ -38,7 +40,8 @@ def death_row(**changes: Any) -> dict[str, Any]:
         "pause": None,
         "limited": None,
     }
-    return {**row, **changes}
+    status = status_file.parse({**row, **changes}, Path("status.json"))
+    return {**status, "pause_left": False}
 
 
 def test_a_recovery_shows_from_the_death_until_the_next_step_writes_the_status() -> None:
@@ -134,7 +137,8 @@ def test_a_remote_read_gives_what_a_local_read_gives(tmp_path: Path) -> None:
     write_workdir(tmp_path / "loop")
     here = view.read_local(str(tmp_path / "loop"), detailed=True)
     there = view.read_remote(connection.Local(), str(tmp_path / "loop"), True, timeout=10)
-    assert here.row == there.row and here.row["iteration"] == 4
+    assert here.status == there.status and here.status is not None
+    assert here.status["iteration"] == 4
     assert here.history == there.history and [x["iteration"] for x in here.history] == [1, 2, 3]
     assert here.samples == there.samples and here.samples is not None
     assert len(here.samples) == 5 and here.log == there.log == ["INFO engine: 40 tokens/s"]
@@ -148,11 +152,11 @@ def test_a_remote_read_gives_what_a_local_read_gives(tmp_path: Path) -> None:
     last = {"t": time.time(), "sample": {"metrics": {view.GENERATED: 1.0}}}
     (ring / "segment-00000002.jsonl").write_text(chatty * 10_000 + json.dumps(last) + "\n")
     big = view.read_remote(connection.Local(), str(tmp_path / "loop"), True, timeout=10)
-    assert big.row == here.row and big.samples is not None and big.samples[-1] == last
+    assert big.status == here.status and big.samples is not None and big.samples[-1] == last
     assert big.log == ["INFO: " + "x" * 200] * view.LOG_LINES
     missing = view.read_remote(connection.Local(), str(tmp_path / "none"), True, timeout=10)
-    assert missing.answered and "no status" in missing.row["error"]
-    assert "no status" in view.read_local(str(tmp_path / "none"), True).row["error"]
+    assert missing.reachable and missing.status is None and "no status" in missing.error
+    assert "no status" in view.read_local(str(tmp_path / "none"), True).error
 
 
 def screen(board: top.View, height: int = 24) -> list[str]:
