@@ -35,7 +35,7 @@ from ralph_runner.loop import pause as pause_control
 from ralph_runner.loop.state import LastFailure, State
 from ralph_runner.process import connection
 from ralph_runner.workspace import status_file
-from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR
+from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR, STATE_FILE
 from ralph_runner.workspace.status_file import STATUS_FILE, CheckedStatus
 
 HISTORY_TAIL = 30  # iterations read of each loop: the last ones shown, the items per hour
@@ -58,7 +58,7 @@ if [ -r "$d/{status}" ]; then
   if [ -e "$d/{pause}" ]; then echo "$s {pause}"; else echo "$s"; fi
   cat -- "$d/{status}"
 else echo missing; fi
-echo; echo {sep}; cat -- "$d/state.json" 2>/dev/null
+echo; echo {sep}; cat -- "$d/{state}" 2>/dev/null
 echo; echo {sep}; tail -n {lines} -- "$d/{history}" 2>/dev/null
 echo; echo {sep}
 {ring}exit 0
@@ -107,7 +107,7 @@ def read_local(workdir: str, detailed: bool) -> LoopReading:
     status = status_file.parse(found, base / STATUS_FILE)
     alive = status_command.pid_alive(status["pid"])
     checked = status_file.checked(status, alive, (base / pause_control.CONTROL).exists())
-    state = _object(_read(base / "state.json"))
+    state = _object(_read(base / STATE_FILE))
     history = _read(base / HISTORY_FILE, TAIL_BYTES)
     ring = ""
     if detailed:
@@ -130,6 +130,7 @@ def read_remote(
         ring=ring if detailed else "",
         pause=pause_control.CONTROL,
         status=STATUS_FILE,
+        state=STATE_FILE,
     )
     result = conn.shell(command, timeout=timeout, max_output=REMOTE_OUTPUT)
     if result.timed_out:

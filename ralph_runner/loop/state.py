@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, TypedDict
 from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import ExitCode, FatalError, Problem
 from ralph_runner.workspace import json_records, status_file
-from ralph_runner.workspace.state_files import STATE_DIR, corrupt, read_json, write_json
+from ralph_runner.workspace.state_files import (
+    STATE_DIR,
+    STATE_FILE,
+    corrupt,
+    read_json,
+    write_json,
+)
 from ralph_runner.workspace.status_file import AgentBroken, LastDeath, LastStart, Limited, Status
 
 if TYPE_CHECKING:
@@ -197,7 +203,7 @@ class Store:
         )
         self.workdir = Path(workdir)
         self.dir = self.workdir / STATE_DIR
-        self.state_path = self.dir / "state.json"
+        self.state_path = self.dir / STATE_FILE
         self.status_path = status_file.path(self.workdir)
         self.lock_path = self.dir / "lock"
         self._durable: dict[str, object] | None = None  # the state last fsynced, less VOLATILE

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
 
 STATE_DIR = ".ralph"
-# The files of .ralph/ that other modules write, named here once: the iteration history
-# (deaths/history.py) and where the death records are (deaths/wiring.py).
+# The files of .ralph/ that more than one module reads or writes, named here once: the run's
+# state (loop/state.py; `top` reads it), the iteration history (deaths/history.py) and where
+# the death records are (deaths/wiring.py). status.json: workspace/status_file.py.
+STATE_FILE = "state.json"
 HISTORY_FILE = "iterations.jsonl"
 SOURCES_FILE = "sources.json"
 
