@@ -12,7 +12,6 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -203,9 +202,11 @@ def _last_death(death: LastDeath | None) -> str:
     return f" (last: {death['time'] or '?'} at {death['phase'] or '?'}: {death['reason']})"
 
 
-def pid_alive(pid: Any) -> bool:
+def pid_alive(pid: int | None) -> bool:
     """The pid still runs (a zombie waiting for its parent counts as gone)."""
+    if pid is None:
+        return False
     try:
-        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, TypeError, ValueError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):  # ValueError: a negative pid
         return False
