@@ -176,6 +176,8 @@ def when(epoch: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
+    """A statistic's span, one decimal: "9.5 s", "10.3 min", "2.1 h" (a p50 or a mean is no
+    whole number of seconds; a wait is, in output.span's words, and top's cells are 6 wide)."""
     if seconds is None:
         return "?"
     if seconds < 120:
