@@ -11,6 +11,7 @@ records are conformed the same way, and unknown keys are kept as they are.
 # No `from __future__ import annotations`: the checks read the TypedDicts' annotations at run
 # time, and Python 3.11 sees NotRequired only in annotations that are evaluated.
 
+import functools
 import types
 import typing
 from typing import Literal, Protocol, TypeVar, Union
@@ -49,8 +50,9 @@ def _record(shape: type, data: dict[str, JSON]) -> dict[str, JSON]:
     return record
 
 
+@functools.cache  # evaluated once per shape: `top` reads every loop's status several times a second
 def hints(shape: type) -> dict[str, object]:
-    """A TypedDict's (or dataclass's) keys and their types, evaluated."""
+    """A TypedDict's (or dataclass's) keys and their types, evaluated (not to be changed)."""
     found: dict[str, object] = typing.get_type_hints(shape)
     return found
 
