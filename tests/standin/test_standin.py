@@ -17,6 +17,14 @@ import httpx
 import psutil
 import pytest
 from httpx_sse import EventSource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 from standin_helpers import (
     ROOT,
     StandIn,
@@ -37,7 +45,8 @@ from standin_helpers import (
     wait_streaming,
 )
 
-from ralph_runner.standin.engine import Piece
+from ralph_runner.standin import metrics
+from ralph_runner.standin.engine import Piece, Stats
 from ralph_runner.standin.scripted import ToolCall
 from ralph_runner.standin.wire import Chat, Responses
 
@@ -219,6 +228,46 @@ def test_metrics_parse_as_prometheus_text_with_vllms_names(target: Target) -> No
     assert "# TYPE vllm:generation_tokens_created gauge" in text  # prometheus_client's
     assert 'vllm:num_requests_running{engine="0",model_name="stand-in"} 0.0' in text
     assert '{engine="0",finished_reason="stop",model_name="stand-in"}' in text
+
+
+def test_metrics_are_byte_for_byte_what_prometheus_client_writes() -> None:
+    """The stand-in writes /metrics itself (it runs on the standard library alone). The same
+    series as prometheus_client's metric families, from a custom collector, written by its
+    generate_latest (as vLLM's /metrics is written), give the same text."""
+    stats = Stats(running=2, waiting=3, kv_cache_usage=0.125, prompt_tokens=1234)
+    stats.generation_tokens, stats.preemptions, stats.steps, stats.step_tokens = 5678, 1, 7, 99
+    stats.finished.update(stop=4, length=1)
+    stats.sleeping = True
+    model, started = 'a "quoted" \\ model', 1796111835.8359013
+
+    class Families(Collector):
+        def collect(self) -> Iterator[Metric]:
+            labels = {"engine": "0", "model_name": model}
+            for series in metrics.SERIES:
+                samples = series.samples(stats)
+                names = [*labels, *samples[0][0]]
+                family: CounterMetricFamily | GaugeMetricFamily
+                if series.kind == "counter":
+                    family = CounterMetricFamily(series.name, series.help, labels=names)
+                    for extra, value in samples:
+                        values = [*labels.values(), *extra.values()]
+                        family.add_metric(values, value, created=started)
+                else:
+                    family = GaugeMetricFamily(series.name, series.help, labels=names)
+                    for extra, value in samples:
+                        family.add_metric([*labels.values(), *extra.values()], value)
+                yield family
+            for histogram in metrics.HISTOGRAMS:
+                count, total = histogram.count_sum(stats)
+                buckets = HistogramMetricFamily(histogram.name, histogram.help, labels=[*labels])
+                buckets.add_metric([*labels.values()], [("+Inf", count)], total)
+                yield buckets
+            help_text = "Start time of the process since unix epoch."
+            yield GaugeMetricFamily("process_start_time_seconds", help_text, value=started)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())
+    assert metrics.exposition(stats, model, started) == generate_latest(registry).decode()
 
 
 def test_tokens_are_counted_as_they_are_generated(target: Target) -> None:
