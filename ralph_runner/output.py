@@ -50,10 +50,10 @@ class Console:
                     default=str,
                 )
             else:
-                render = HUMAN.get(kind)
-                if render is None or (kind in VERBOSE_ONLY and not self.verbose):
+                shown = human_line(event, self._paint, self.verbose)
+                if shown is None:
                     return
-                line = render(fields, self._paint)
+                line = shown
                 if event.host is not None:  # a fleet run: every line says whose it is
                     line = self._paint("cyan", f"[{event.host}]") + " " + line
                 elapsed = time.monotonic() - self._started
@@ -139,197 +139,179 @@ def _clock(seconds: float) -> str:
 
 
 Painter = Callable[[str, str], str]
-
-HUMAN: dict[str, Callable[[dict, Painter], str]] = {
-    "resume": lambda f, p: p(
-        "yellow", f"resuming at iteration {f['iteration']} ({f['deaths']} deaths so far)"
-    ),
-    "iteration": lambda f, p: (
-        p("bold", f"iteration {f['iteration']}: {f['item']}")
-        + p(
-            "dim",
-            f"  (strikes {f['attempts']}, prompt {f['prompt_size']} chars; "
-            f"{f['done']} done, {f['todo']} todo, {f['skipped']} skipped, "
-            f"{f['deaths']} deaths)",
-        )
-    ),
-    "step": lambda f, p: f"  → {f['step']}",
-    "step-done": lambda f, p: (
-        "  "
-        + (p("green", "✓") if f["ok"] else p("red", "✗"))
-        + f" {f['step']} "
-        + p("dim", f"{f['seconds']:.1f}s")
-        + ("" if f["ok"] else " " + p("red", _step_status(f)))
-    ),
-    "watch": lambda f, p: p("red", f"  ! service died during {f['step']}: step killed"),
-    "death": lambda f, p: p(
-        "red",
-        f"💀 death #{f['death']} at {f['phase']}: "
-        + (f"{f['fault']} ({f['reason']})" if f.get("fault") else f"{f['reason']}"),
-    ),
-    "capture": lambda f, p: (
-        f"  capturing {f['collectors']} diagnostics"
-        + (
-            f" (while {f['during_recovery']} recovers it: its record holds the moment of death)"
-            if f.get("during_recovery")
-            else ""
-        )
-    ),
-    "report": lambda f, p: (
-        (
-            f"  📝 report appended to {f['log']}"
-            if f.get("written", True)
-            else p("red", f"  ⚠ report not written ({f['error']}): its record is on stderr")
-        )
-        + (f"\n  🔎 signature: {f['signature']}" if f.get("signature") else "")
-    ),
-    "start": lambda f, p: p(
-        "yellow", f"▶ {f['service']} is not running: starting it ({f['reason']})"
-    ),
-    "started": lambda f, p: (
-        p("green", f"  ✅ started in {f['seconds']:.1f}s")
-        if f["recovered"]
-        else p("red", f"  ❌ not started: {f['reason']}")
-    ),
-    "recovery-wait": lambda f, p: f"  ⏳ another loop recovers it: waiting for {f['by']}",
-    "recovery-step": lambda f, p: (
-        p("dim", f"  ⏭ recovery attempt {f['attempt']}: {f['step']}: skipped ({f['skipped']})")
-        if f.get("skipped")
-        else f"  🔁 recovery attempt {f['attempt']}: {f['step']}"
-    ),
-    "recovery-failed": lambda f, p: p(
-        "yellow",
-        f"  attempt {f['attempt']} failed ({f['reason']}): "
-        + (
-            "no attempt left"
-            if f.get("retry_in") is None
-            else f"retrying in {_seconds(f['retry_in'])}"
-        ),
-    ),
-    "recovery": lambda f, p: (
-        p("red", f"  ❌ not recovered: {f['reason']}")
-        if not f["recovered"]
-        else p("green", f"  ✅ up again in {f['seconds']:.1f}s, brought back by {f['by']}")
-        if f.get("by")
-        else p("green", f"  ✅ recovered in {f['seconds']:.1f}s ({f['attempts']} attempt(s))")
-    ),
-    "recorder": lambda f, p: p("dim", f"  recorder: {f['message']}"),
-    "receipt": lambda f, p: p(
-        "dim",
-        f"  🧾 {plural(f.get('requests', 0), 'request')}: {f.get('prompt_tokens', 0)} prompt + "
-        f"{f.get('generated_tokens', 0)} generated tokens",
-    ),
-    "output": lambda f, p: p("dim", "    │ ") + f["text"],
-    "warning": lambda f, p: p("yellow", f"  warning: {f['message']}"),
-    "done": lambda f, p: p("green", f"  done: {f['item']}"),
-    "retry": lambda f, p: p(
-        "yellow", "  service died during this attempt: retrying the item, no strike"
-    ),
-    "strike": lambda f, p: (
-        p("yellow", f"  strike {f['strikes']}/{f['of']}: {f['reason']}")
-        + _tail(f.get("output_tail"), p, STRIKE_TAIL_LINES, 2)
-    ),
-    "skip": lambda f, p: p("red", f"  skipped after {f['strikes']} failures: {f['item']}"),
-    "agent-broken": lambda f, p: (
-        p(
-            "red",
-            f"✋ the agent is broken: it failed the same way on {f['previous_item']!r} and "
-            f"{f['item']!r} while the service was healthy: {f['reason']}",
-        )
-        + _tail(f.get("output_tail"), p, None)
-        + "\n"
-        + p(
-            "red",
-            f"  stopped instead of skipping the rest (exit {f['exit_code']})"
-            + (
-                "; skipped meanwhile: " + ", ".join(repr(i) for i in f["skipped"])
-                if f.get("skipped")
-                else "; nothing was skipped"
-            ),
-        )
-    ),
-    "pause-requested": lambda f, p: p(
-        "yellow",
-        "  pause asked for"
-        + (f" by {f['by']}" if f.get("by") else "")
-        + (": stopping the step now" if f.get("now") else ": after this iteration"),
-    ),
-    "paused": lambda f, p: p(
-        "yellow",
-        "⏸ paused"
-        + (
-            f" ({f['killed']} stopped, no strike: {f['item']!r} comes again)"
-            if f.get("killed")
-            else ""
-        )
-        + " before the next iteration: `ralph-run resume` goes on",
-    ),
-    "resumed": lambda f, p: p("green", f"▶ resumed after {f['seconds']:.0f} s paused"),
-    "pause-step": lambda f, p: _block_step("pause", f, p),
-    "resume-step": lambda f, p: _block_step("resume", f, p),
-    "pause-steps": lambda f, p: (
-        p("green", f"  pause steps done in {f['seconds']:.1f}s")
-        if f["ok"]
-        else p("red", f"  pause steps failed: {f['error']}; still paused (no death, no strike)")
-    ),
-    "resume-steps": lambda f, p: (
-        p("green", f"  resume steps done in {f['seconds']:.1f}s")
-        if f["ok"]
-        else p(
-            "yellow",
-            f"  resume steps failed: {f['error']}; going on: the service is checked now, "
-            "and started if nothing listens",
-        )
-    ),
-    "limited": lambda f, p: (
-        p("yellow", f"  ⏳ usage limit ({f['source']}): {f['line']}")
-        + "\n"
-        + p(
-            "red" if f.get("ends_run") else "yellow",
-            ("  no reset time given" if f.get("guessed") else f"  it resets at {f['reset']}")
-            + (
-                f": further than limits.max_wait, stopped (exit {f['exit_code']}), no strike"
-                if f.get("ends_run")
-                else f": waiting {span(f['seconds'])}, then the item again (no strike)"
-            ),
-        )
-    ),
-    "limited-wait": lambda f, p: p(
-        "dim", f"  ⏳ usage limit: {span(f['seconds'])} left (until {f['until']})"
-    ),
-    "interrupted": lambda f, p: p(
-        "yellow", f"interrupted by {f['signal']}: state saved (exit {f['exit_code']})"
-    ),
-    "summary": lambda f, p: (
-        p(
-            "bold",
-            ("stopped at max_iterations: " if f["stopped_at_max"] else "checklist finished: ")
-            + f"{f['iterations']} iterations, {f['done']} done, "
-            f"{f['todo']} todo, {f['skipped']} skipped, "
-            f"{f['deaths']} deaths, {f['seconds']:.1f}s",
-        )
-        + "".join(
-            p("dim", f"\n  {count} x {signature}")
-            for signature, count in f.get("signatures", {}).items()
-        )
-    ),
-}
-VERBOSE_ONLY = {"step"}
 STRIKE_TAIL_LINES = 5  # the agent's last words under a strike; the whole tail is in --json
 
 
-def _step_status(f: dict) -> str:
+def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
+    """The console's line for `event` (`p` paints a colour); None when it has none: a `Step`
+    below -v, an `IterationEnded` (done, retry, strike, skip... said it to people), a kind this
+    ralph-run does not know."""
+    e = event
+    match e:
+        case events.Resume():
+            return p("yellow", f"resuming at iteration {e.iteration} ({e.deaths} deaths so far)")
+        case events.Iteration():
+            return p("bold", f"iteration {e.iteration}: {e.item}") + p(
+                "dim",
+                f"  (strikes {e.attempts}, prompt {e.prompt_size} chars; {e.done} done, "
+                f"{e.todo} todo, {e.skipped} skipped, {e.deaths} deaths)",
+            )
+        case events.Step():
+            return f"  → {e.step}" if verbose else None
+        case events.StepDone():
+            mark = p("green", "✓") if e.ok else p("red", "✗")
+            failed = "" if e.ok else " " + p("red", _step_status(e))
+            return f"  {mark} {e.step} " + p("dim", f"{e.seconds:.1f}s") + failed
+        case events.Watch():
+            return p("red", f"  ! service died during {e.step}: step killed")
+        case events.Death():
+            cause = f"{e.fault} ({e.reason})" if e.fault else e.reason
+            return p("red", f"💀 death #{e.death} at {e.phase}: {cause}")
+        case events.Capture():
+            line = f"  capturing {e.collectors} diagnostics"
+            if e.during_recovery:
+                line += (
+                    f" (while {e.during_recovery} recovers it: its record holds the moment of "
+                    "death)"
+                )
+            return line
+        case events.Report():
+            line = (
+                f"  📝 report appended to {e.log}"
+                if e.written
+                else p("red", f"  ⚠ report not written ({e.error}): its record is on stderr")
+            )
+            return line + (f"\n  🔎 signature: {e.signature}" if e.signature else "")
+        case events.Start():
+            return p("yellow", f"▶ {e.service} is not running: starting it ({e.reason})")
+        case events.Started():
+            if e.recovered:
+                return p("green", f"  ✅ started in {e.seconds:.1f}s")
+            return p("red", f"  ❌ not started: {e.reason}")
+        case events.RecoveryWait():
+            return f"  ⏳ another loop recovers it: waiting for {e.by}"
+        case events.RecoveryStep():
+            if e.skipped:
+                return p(
+                    "dim", f"  ⏭ recovery attempt {e.attempt}: {e.step}: skipped ({e.skipped})"
+                )
+            return f"  🔁 recovery attempt {e.attempt}: {e.step}"
+        case events.RecoveryFailed():
+            then = "no attempt left" if e.retry_in is None else f"retrying in {e.retry_in:g} s"
+            return p("yellow", f"  attempt {e.attempt} failed ({e.reason}): {then}")
+        case events.Recovery():
+            if not e.recovered:
+                return p("red", f"  ❌ not recovered: {e.reason}")
+            if e.by:
+                return p("green", f"  ✅ up again in {e.seconds:.1f}s, brought back by {e.by}")
+            return p("green", f"  ✅ recovered in {e.seconds:.1f}s ({e.attempts} attempt(s))")
+        case events.Recorder():
+            return p("dim", f"  recorder: {e.message}")
+        case events.Receipt():
+            return p(
+                "dim",
+                f"  🧾 {plural(e.requests, 'request')}: {e.prompt_tokens} prompt + "
+                f"{e.generated_tokens} generated tokens",
+            )
+        case events.Output():
+            return p("dim", "    │ ") + e.text
+        case events.Warning():
+            return p("yellow", f"  warning: {e.message}")
+        case events.Done():
+            return p("green", f"  done: {e.item}")
+        case events.Retry():
+            return p("yellow", "  service died during this attempt: retrying the item, no strike")
+        case events.Strike():
+            return p("yellow", f"  strike {e.strikes}/{e.of}: {e.reason}") + _tail(
+                e.output_tail, p, STRIKE_TAIL_LINES, 2
+            )
+        case events.Skip():
+            return p("red", f"  skipped after {e.strikes} failures: {e.item}")
+        case events.AgentBroken():
+            skipped = (
+                "; skipped meanwhile: " + ", ".join(repr(i) for i in e.skipped)
+                if e.skipped
+                else "; nothing was skipped"
+            )
+            return (
+                p(
+                    "red",
+                    f"✋ the agent is broken: it failed the same way on {e.previous_item!r} and "
+                    f"{e.item!r} while the service was healthy: {e.reason}",
+                )
+                + _tail(e.output_tail, p, None)
+                + "\n"
+                + p("red", f"  stopped instead of skipping the rest (exit {e.exit_code}){skipped}")
+            )
+        case events.PauseRequested():
+            by = f" by {e.by}" if e.by else ""
+            when = ": stopping the step now" if e.now else ": after this iteration"
+            return p("yellow", f"  pause asked for{by}{when}")
+        case events.Paused():
+            killed = f" ({e.killed} stopped, no strike: {e.item!r} comes again)" if e.killed else ""
+            return p(
+                "yellow", f"⏸ paused{killed} before the next iteration: `ralph-run resume` goes on"
+            )
+        case events.Resumed():
+            return p("green", f"▶ resumed after {e.seconds:.0f} s paused")
+        case events.PauseStep() | events.ResumeStep():
+            which = "pause" if isinstance(e, events.PauseStep) else "resume"
+            if e.skipped:
+                return p("dim", f"  ⏭ {which} step: {e.step}: skipped ({e.skipped})")
+            return f"  {'⏸' if which == 'pause' else '▶'} {which} step: {e.step}"
+        case events.PauseSteps():
+            if e.ok:
+                return p("green", f"  pause steps done in {e.seconds:.1f}s")
+            return p("red", f"  pause steps failed: {e.error}; still paused (no death, no strike)")
+        case events.ResumeSteps():
+            if e.ok:
+                return p("green", f"  resume steps done in {e.seconds:.1f}s")
+            return p(
+                "yellow",
+                f"  resume steps failed: {e.error}; going on: the service is checked now, "
+                "and started if nothing listens",
+            )
+        case events.Limited():
+            reset = "  no reset time given" if e.guessed else f"  it resets at {e.reset}"
+            then = (
+                f": further than limits.max_wait, stopped (exit {e.exit_code}), no strike"
+                if e.ends_run
+                else f": waiting {span(e.seconds)}, then the item again (no strike)"
+            )
+            return (
+                p("yellow", f"  ⏳ usage limit ({e.source}): {e.line}")
+                + "\n"
+                + p("red" if e.ends_run else "yellow", reset + then)
+            )
+        case events.LimitedWait():
+            return p("dim", f"  ⏳ usage limit: {span(e.seconds)} left (until {e.until})")
+        case events.Interrupted():
+            return p("yellow", f"interrupted by {e.signal}: state saved (exit {e.exit_code})")
+        case events.Summary():
+            how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
+            return p(
+                "bold",
+                f"{how}{e.iterations} iterations, {e.done} done, {e.todo} todo, "
+                f"{e.skipped} skipped, {e.deaths} deaths, {e.seconds:.1f}s",
+            ) + "".join(
+                p("dim", f"\n  {count} x {signature}") for signature, count in e.signatures.items()
+            )
+        case events.Fleet():
+            return p("bold", f"{len(e.hosts)} hosts, {e.forks} at a time: {', '.join(e.hosts)}")
+        case events.HostDone():
+            colour = "green" if e.exit_code == 0 else "yellow"
+            return p(colour, f"loop ended: exit {e.exit_code}")
+        case events.HostSays():
+            return e.text
+        case events.FleetSummary():
+            return _fleet_table(e, p)
+    return None
+
+
+def _step_status(e: events.StepDone) -> str:
     """How a failed step ended: the loop's words (loop/failures.status_text), else the same
     words from the event's fields; never "exit None"."""
-    ended = step_ended(f.get("exit_code"), bool(f.get("timed_out")), bool(f.get("killed")))
-    return f.get("status") or ended or "failed"
-
-
-def _block_step(which: str, f: dict, p: Painter) -> str:
-    """A step of the runbook's `pause:` or `resume:` block, as recovery steps are shown."""
-    if f.get("skipped"):
-        return p("dim", f"  ⏭ {which} step: {f['step']}: skipped ({f['skipped']})")
-    return f"  {'⏸' if which == 'pause' else '▶'} {which} step: {f['step']}"
+    return e.status or step_ended(e.exit_code, e.timed_out, e.killed) or "failed"
 
 
 def _tail(tail: str | None, p: Painter, lines: int | None, least: int = 1) -> str:
@@ -343,32 +325,16 @@ def _tail(tail: str | None, p: Painter, lines: int | None, least: int = 1) -> st
     return "".join("\n" + p("dim", "    │ ") + line for line in shown)
 
 
-def _seconds(value: float) -> str:
-    return f"{value:g} s"
-
-
-def _fleet_table(f: dict, p: Painter) -> str:
+def _fleet_table(e: events.FleetSummary, p: Painter) -> str:
     """The fleet's end: one row per host."""
     header = ("host", "done", "todo", "skipped", "deaths", "exit")
-    rows = [[str(v if v is not None else "-") for v in row.values()] for row in f["hosts"]]
+    rows = [
+        [str(v if v is not None else "-") for v in (r["host"], r["done"], r["todo"], r["skipped"],
+                                                     r["deaths"], r["exit_code"])]
+        for r in e.hosts
+    ]  # fmt: skip
     lines = columns([header, *rows])
-    return "\n".join(
-        [p("bold", lines[0]), *lines[1:], p("bold", f"fleet exit code {f['exit_code']}")]
-    )
-
-
-HUMAN.update(
-    {
-        "fleet": lambda f, p: p(
-            "bold", f"{len(f['hosts'])} hosts, {f['forks']} at a time: {', '.join(f['hosts'])}"
-        ),
-        "host-done": lambda f, p: p(
-            "green" if f["exit_code"] == 0 else "yellow", f"loop ended: exit {f['exit_code']}"
-        ),
-        "host-says": lambda f, p: f["text"],
-        "fleet-summary": _fleet_table,
-    }
-)
+    return "\n".join([p("bold", lines[0]), *lines[1:], p("bold", f"fleet exit code {e.exit_code}")])
 
 
 # -- text for people, in one style: every table, count and cut-off line ralph-run prints ----------

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from ralph_runner import events
-from ralph_runner.output import Console, EventBus
+from ralph_runner.output import Console, EventBus, human_line
 
 # name: (fields always on the line, in order; fields said only when they apply)
 JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
@@ -78,7 +78,20 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "host-says": (["text"], []),
     "fleet-summary": (["hosts", "exit_code"], []),
 }  # fmt: skip
-SET = "set"  # a value no optional field leaves out (they leave out None, False or True)
+
+
+def sample(spec: dataclasses.Field[object]) -> object:
+    """A value of the field's type that --json never leaves out."""
+    kind = str(spec.type)
+    if kind.startswith("bool"):
+        return not spec.metadata.get(events.OMITTED, False)
+    if kind.startswith(("int", "float")):
+        return 1
+    if kind.startswith("list"):
+        return []
+    if kind.startswith("dict"):
+        return {}
+    return "set"
 
 
 def build(kind: type[events.Event], optional: bool) -> events.Event:
@@ -88,7 +101,7 @@ def build(kind: type[events.Event], optional: bool) -> events.Event:
         if spec.name == "host":
             continue
         if spec.default is dataclasses.MISSING or optional:
-            given[spec.name] = SET
+            given[spec.name] = sample(spec)
     if kind in (events.HostDone, events.HostSays):
         given["host"] = "gpu-a"
     return kind(**given)
@@ -137,3 +150,14 @@ def test_a_kind_or_field_from_a_newer_loop_is_passed_on_as_it_is() -> None:
     passed = events.from_json(grown)
     assert isinstance(passed, events.Unknown)
     assert passed.json_fields() == {"item": "a", "why": "new field"}
+
+
+def test_every_event_but_iteration_ended_has_a_human_line() -> None:
+    # iteration-ended repeats for the history what done, retry, strike, skip, limited and
+    # paused said to people already
+    silent = [
+        name
+        for name, kind in events.KINDS.items()
+        if human_line(build(kind, optional=True), lambda _colour, text: text) is None
+    ]
+    assert silent == ["iteration-ended"]

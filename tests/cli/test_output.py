@@ -47,9 +47,11 @@ def test_a_failed_recovery_attempt_says_why_and_how_long_until_the_next():
 
 
 def test_a_failed_step_never_reads_exit_none():
-    common = {"step": "verify", "ok": False, "timed_out": False, "seconds": 0.01}
+    common = {"step": "verify", "ok": False, "timed_out": False, "seconds": 0.01, "status": ""}
     assert "exit None" not in human("step-done", exit_code=None, killed=False, **common)
-    shown = human("step-done", exit_code=None, killed=False, status="no new commit", **common)
+    shown = human(
+        "step-done", exit_code=None, killed=False, **{**common, "status": "no new commit"}
+    )
     assert shown.rstrip().endswith("✗ verify 0.0s no new commit")
     assert "killed" in human("step-done", exit_code=None, killed=True, **common)
 
@@ -58,9 +60,12 @@ def test_counts_of_one_are_singular_in_the_receipt_and_the_throughput_line():
     """Issue 31, item 8: "1 requests" read wrong wherever a count was printed."""
     from ralph_runner.deaths import text
 
-    one = human("receipt", requests=1, prompt_tokens=10, generated_tokens=2)
+    spent = {"request_errors": 0, "tokens_estimated": False, "first_token_seconds": None}
+    spent |= {"generation_seconds": 1.0, "request_seconds": 1.0, "iteration": 1, "item": "a"}
+    one = human("receipt", requests=1, prompt_tokens=10, generated_tokens=2, **spent)
     assert "🧾 1 request: 10 prompt + 2 generated tokens" in one
-    assert "🧾 2 requests:" in human("receipt", requests=2, prompt_tokens=1, generated_tokens=1)
+    two = human("receipt", requests=2, prompt_tokens=1, generated_tokens=1, **spent)
+    assert "🧾 2 requests:" in two
     throughput = {
         "items_per_hour": 1.0,
         "items_done": 1,

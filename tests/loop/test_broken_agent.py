@@ -13,10 +13,8 @@ import uuid
 import pytest
 from test_loop import Loop, events, of_kind
 
-from ralph_runner import events as events_module
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.loop import failures
-from ralph_runner.output import HUMAN
 from ralph_runner.process import output_text
 
 pytestmark = pytest.mark.timeout(90)
@@ -281,10 +279,3 @@ def test_the_same_error_on_different_items_normalises_to_one_signature():
     assert failures.normalise("cannot do first item", "first item") == failures.normalise(
         "cannot do second item", "second item"
     )
-
-
-def test_every_event_has_a_human_line():
-    # iteration-ended repeats for the history what done, retry, strike, skip, limited and
-    # paused said to people already
-    kinds = set(events_module.KINDS) - {"iteration-ended"}
-    assert kinds <= set(HUMAN), sorted(kinds - set(HUMAN))

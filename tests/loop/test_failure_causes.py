@@ -4,8 +4,9 @@ its root cause; opencode's JSON error ends in `}`, its message is inside."""
 
 from __future__ import annotations
 
+from ralph_runner import events
 from ralph_runner.loop import failures
-from ralph_runner.output import HUMAN
+from ralph_runner.output import human_line
 from ralph_runner.process import output_text
 
 VLLM_CPU_MEMORY = """\
@@ -50,8 +51,8 @@ def test_output_with_no_error_line_keeps_the_last_line() -> None:
 
 
 def test_the_console_names_a_skipped_recovery_step_with_its_condition() -> None:
-    line = HUMAN["recovery-step"](
-        {"attempt": 1, "step": "stop the hung server", "skipped": "when: death.hung"},
+    line = human_line(
+        events.RecoveryStep(attempt=1, step="stop the hung server", skipped="when: death.hung"),
         lambda _colour, text: text,
     )
     assert line == "  ⏭ recovery attempt 1: stop the hung server: skipped (when: death.hung)"
@@ -59,9 +60,11 @@ def test_the_console_names_a_skipped_recovery_step_with_its_condition() -> None:
 
 def test_the_console_names_the_fault_and_the_signature_of_a_death() -> None:
     plain = lambda _colour, text: text  # noqa: E731
-    death = {"death": 2, "phase": "during-step", "fault": "engine dead", "reason": "HTTP 500"}
-    assert HUMAN["death"](death, plain) == "💀 death #2 at during-step: engine dead (HTTP 500)"
-    report = {"death": 2, "log": "logs/d.log", "signature": "AssertionError: num_required_blocks"}
-    assert HUMAN["report"](report, plain).endswith(
+    death = events.Death(death=2, phase="during-step", fault="engine dead", reason="HTTP 500")
+    assert human_line(death, plain) == "💀 death #2 at during-step: engine dead (HTTP 500)"
+    report = events.Report(
+        death=2, log="logs/d.log", signature="AssertionError: num_required_blocks"
+    )
+    assert str(human_line(report, plain)).endswith(
         "🔎 signature: AssertionError: num_required_blocks"
     )

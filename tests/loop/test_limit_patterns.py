@@ -12,7 +12,7 @@ import pytest
 from ralph_runner import events
 from ralph_runner.fleet.notify import Notifier
 from ralph_runner.loop import limits
-from ralph_runner.output import HUMAN
+from ralph_runner.output import human_line
 from ralph_runner.runbook import schema
 
 NOW = 1_764_600_000.0  # 2025-12-01, a fixed "now" for every reset
@@ -267,24 +267,26 @@ def test_the_console_lines():
     def paint(colour: str, text: str) -> str:
         return text
 
-    waiting = {
-        "item": "first",
-        "source": "claude",
-        "line": "Claude AI usage limit reached|1764612000",
-        "reset": "2025-12-01T18:00:00+00:00",
-        "seconds": 3725,
-        "guessed": False,
-        "ends_run": False,
-    }
-    line = HUMAN["limited"](waiting, paint)
+    waiting = events.Limited(
+        item="first",
+        source="claude",
+        line="Claude AI usage limit reached|1764612000",
+        reset_at=1764612000.0,
+        until=1764612010.0,
+        reset="2025-12-01T18:00:00+00:00",
+        seconds=3725,
+        guessed=False,
+        ends_run=False,
+    )
+    line = str(human_line(waiting, paint))
     assert "usage limit (claude): Claude AI usage limit reached|1764612000" in line
     assert "it resets at 2025-12-01T18:00:00+00:00: waiting 1 h 2 min, then the item again" in line
-    stopped = {**waiting, "ends_run": True, "exit_code": 7}
-    assert "stopped (exit 7)" in HUMAN["limited"](stopped, paint)
-    guessed = {**waiting, "guessed": True}
-    assert "no reset time given" in HUMAN["limited"](guessed, paint)
-    tick = {"item": "first", "seconds": 125, "until": "2025-12-01T18:00:10+00:00"}
-    assert HUMAN["limited-wait"](tick, paint).strip().startswith("⏳ usage limit: 2 min 5 s left")
+    stopped = dataclasses.replace(waiting, ends_run=True, exit_code=7)
+    assert "stopped (exit 7)" in str(human_line(stopped, paint))
+    guessed = dataclasses.replace(waiting, guessed=True)
+    assert "no reset time given" in str(human_line(guessed, paint))
+    tick = events.LimitedWait(item="first", seconds=125, until="2025-12-01T18:00:10+00:00")
+    assert str(human_line(tick, paint)).strip().startswith("⏳ usage limit: 2 min 5 s left")
 
 
 def test_the_notification():

@@ -13,7 +13,8 @@ import yaml
 from e2e_helpers import AGENT_STEP, Scenario
 from standin_helpers import ralph, wait_for
 
-from ralph_runner.output import HUMAN
+from ralph_runner import events
+from ralph_runner.output import human_line
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -171,12 +172,12 @@ def test_the_console_says_what_the_blocks_did() -> None:
     def plain(colour: str, text: str) -> str:
         return text
 
-    step = HUMAN["pause-step"]({"step": "stop vLLM"}, plain)
+    step = human_line(events.PauseStep(step="stop vLLM"), plain)
     assert step == "  ⏸ pause step: stop vLLM"
-    skipped = HUMAN["resume-step"]({"step": "start", "skipped": "when: false"}, plain)
+    skipped = human_line(events.ResumeStep(step="start", skipped="when: false"), plain)
     assert skipped == "  ⏭ resume step: start: skipped (when: false)"
-    ok = {"ok": True, "ran": 1, "seconds": 2.04, "error": None}
-    assert HUMAN["pause-steps"](ok, plain) == "  pause steps done in 2.0s"
+    ok = events.PauseSteps(ok=True, ran=1, seconds=2.04, error=None)
+    assert human_line(ok, plain) == "  pause steps done in 2.0s"
     bad = {"ok": False, "ran": 1, "seconds": 0.1, "error": "step 'x' failed (exit 1)"}
-    assert "still paused (no death, no strike)" in HUMAN["pause-steps"](bad, plain)
-    assert "started if nothing listens" in HUMAN["resume-steps"](bad, plain)
+    assert "still paused (no death, no strike)" in str(human_line(events.PauseSteps(**bad), plain))
+    assert "started if nothing listens" in str(human_line(events.ResumeSteps(**bad), plain))
