@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ralph_runner import crash, events
 from ralph_runner.commands import options
-from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import ExitCode, FatalError, Interrupted
-from ralph_runner.fleet import run as fleet
-from ralph_runner.loop.runner import Runner
-from ralph_runner.output import Console, EventBus
-from ralph_runner.runbook import plan
+
+if TYPE_CHECKING:
+    from ralph_runner import events
+    from ralph_runner.output import EventBus
+    from ralph_runner.runbook import plan
 
 
 class Follower(Protocol):
@@ -46,6 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # The loop is imported when it runs, not when the parser is built: the run's options are
+    # the top-level parser's, so `ralph-run --help` and `--version` would pay for it (0.4 s).
+    from ralph_runner import crash
+    from ralph_runner.durable.redaction import Redactor
+    from ralph_runner.errors import ExitCode, FatalError, Interrupted
+    from ralph_runner.fleet import run as fleet
+    from ralph_runner.loop.runner import Runner
+    from ralph_runner.output import Console, EventBus
+    from ralph_runner.runbook import plan
+
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)
     if len(plans) > 1:
         secrets = [value for p in plans for value in p.secret_values()]
