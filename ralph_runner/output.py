@@ -82,6 +82,8 @@ class EventBus:
         self.console = console
         self.redactor = redactor or Redactor([])
         self._followers: list[Follower] = []
+        # one event at a time: workers' threads emit too, and followers (the history) append
+        self._emitting = threading.RLock()
 
     @property
     def verbose(self) -> int:
@@ -95,13 +97,14 @@ class EventBus:
 
     def emit(self, event: events.Event) -> None:
         event = events.masked(event, self.redactor.data(event.json_fields()))
-        for follower in list(self._followers):
-            try:
-                follower.on_event(event)
-            except Exception as exc:  # a broken follower must never stop the loop
-                self._followers.remove(follower)
-                self.warn(f"event listener {follower!r} failed: {exc}")
-        self.console.on_event(event)
+        with self._emitting:
+            for follower in list(self._followers):
+                try:
+                    follower.on_event(event)
+                except Exception as exc:  # a broken follower must never stop the loop
+                    self._followers.remove(follower)
+                    self.warn(f"event listener {follower!r} failed: {exc}")
+            self.console.on_event(event)
 
     def warn(self, message: str) -> None:
         self.emit(events.Warning(message=message))
@@ -287,6 +290,25 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             return p("dim", f"  ⏳ usage limit: {span(e.seconds)} left (until {e.until})")
         case events.Interrupted():
             return p("yellow", f"interrupted by {e.signal}: state saved (exit {e.exit_code})")
+        case events.WorkerStarted():
+            strikable = "" if e.strikable else " (earlier items unsettled: no strike if it fails)"
+            return p("bold", f"worker {e.worker}: iteration {e.iteration}: {e.item}") + p(
+                "dim", f"  on {e.branch}{strikable}"
+            )
+        case events.WorkerLanded():
+            return p("green", f"  worker {e.worker} landed {e.item!r}") + p(
+                "dim", f"  ({plural(e.commits, 'commit')}, head {e.head[:10]})"
+            )
+        case events.WorkerConflict():
+            return p(
+                "yellow",
+                f"  worker {e.worker}: {e.item!r} conflicts with what landed "
+                f"({e.conflicts}/{e.of}): retried on the new head, no strike",
+            )
+        case events.WorkerRetry():
+            then = "once the earlier items settle" if e.waits else "now"
+            line = f"  worker {e.worker}: {e.item!r} again {then}, no strike ({e.reason})"
+            return p("yellow", line)
         case events.Summary():
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
             return p(

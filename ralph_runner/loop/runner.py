@@ -21,6 +21,7 @@ from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, housekeeping, idle, pause, proxy, state
+from ralph_runner.loop import workers as workers_pool
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.output import EventBus
 from ralph_runner.process import execute, orphans, output_text
@@ -38,9 +39,13 @@ QUICK = frozenset(key for key, kind in KINDS.items() if getattr(kind, "QUICK", F
 class Runner:
     """Runs one plan's loop until the checklist is done, max_iterations, give-up or a signal."""
 
-    def __init__(self, plan: Plan, bus: EventBus) -> None:
+    def __init__(self, plan: Plan, bus: EventBus, workers: int | None = None) -> None:
         self.plan, self.bus = plan, bus
         self.model = plan.model
+        # loop.workers, or --workers: more than 1 runs items at once (loop/workers.py)
+        self.workers = workers or plan.model.loop.workers
+        self.pool: workers_pool.Pool | None = None
+        self._saving = threading.RLock()  # workers' threads save too
         self.store = state.Store(plan.workdir, bus.redactor, bus.warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
@@ -143,6 +148,11 @@ class Runner:
         if found:
             raise FatalError(found)
         self.in_repo = git.is_repo(self.plan.workdir)
+        if self.workers > 1 and (not self.in_repo or git.head(self.plan.workdir) is None):
+            raise FatalError(
+                f"workers: {self.workers} needs the workdir in a git repository with a commit "
+                "(each attempt works in its own git worktree)"
+            )
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
@@ -164,6 +174,9 @@ class Runner:
         return loaded
 
     def _loop(self) -> int:
+        if self.workers > 1:
+            self.pool = workers_pool.Pool(self, self.workers)
+            return self.pool.run()
         limit = self.model.loop.max_iterations
         warned = False
         while True:
@@ -175,10 +188,10 @@ class Runner:
             self._counts = checklist.counts(text)
             item = checklist.next_todo(text)
             if item is None:
-                self._summary(text)
+                self.summary(text)
                 return ExitCode.DONE
             if limit and self.state.iteration - self.state.run_from >= limit:
-                self._summary(text, stopped=True)
+                self.summary(text, stopped=True)
                 return ExitCode.MAX_ITERATIONS
             self.pause.iterate(item)  # self.run_iteration(item), or a wait: `ralph-run pause`
 
@@ -361,15 +374,16 @@ class Runner:
         """Persist state and status; a full disk is reported, and the loop goes on. Each
         warning names the file it is about (the error carries its path): the state, the
         status, or the checklist whose counts the status could not take."""
-        if not status_only:
+        with self._saving:
+            if not status_only:
+                try:
+                    self.store.save(self.state)
+                except FatalError as exc:
+                    self.bus.warn(f"state not saved: {exc}")
             try:
-                self.store.save(self.state)
+                self.store.write_status(self._status())
             except FatalError as exc:
-                self.bus.warn(f"state not saved: {exc}")
-        try:
-            self.store.write_status(self._status())
-        except FatalError as exc:
-            self.bus.warn(f"status not saved: {exc}")
+                self.bus.warn(f"status not saved: {exc}")
 
     def _status(self) -> Status:
         st = self.state
@@ -400,6 +414,8 @@ class Runner:
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }
+        if self.pool is not None:
+            status["workers"] = self.pool.statuses()
         if counts is not None:  # none: the checklist was never read
             status["done"], status["todo"], status["skipped"] = (
                 counts.done,
@@ -423,7 +439,7 @@ class Runner:
         found = health.hang_bound() if health is not None else None
         return None if found is None else {"seconds": round(found[0], 1), "why": found[1]}
 
-    def _summary(self, text: str, stopped: bool = False) -> None:
+    def summary(self, text: str, stopped: bool = False) -> None:
         counts = checklist.counts(text)
         self.bus.emit(
             events.Summary(

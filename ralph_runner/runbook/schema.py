@@ -289,6 +289,8 @@ class Loop(Model):
     max_iterations: NonNegativeInt = 0  # iterations at most; 0: until no item is left to do
     # true (or {upstream: URL}): a per-loop proxy for the agent's receipts; default off
     proxy: bool | LoopProxy = False
+    # checklist items worked on at once, each in its own git worktree (docs: workers); 1: one
+    workers: PositiveInt = 1
     steps: list[TaskEntry]  # the tasks of one iteration, e.g. run the agent, verify, ensure_alive
 
 

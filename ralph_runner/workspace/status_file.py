@@ -107,6 +107,14 @@ class PauseFields(TypedDict):
     attempts: int  # the item's strikes so far
 
 
+class Worker(TypedDict):
+    """One worker of `loop.workers` > 1 (loop/workers.py): its item and where it stands."""
+
+    worker: int  # its number, 1..N: its worktree is .ralph/worktrees/<worker>
+    item: str | None  # None: idle
+    phase: str | None  # the step in hand, or starting / landing / waiting
+
+
 class Status(ChecklistFields, PauseFields):
     """status.json: where the loop stands, one object."""
 
@@ -127,6 +135,7 @@ class Status(ChecklistFields, PauseFields):
     updated: float  # epoch of this write
     workdir: str
     crash: NotRequired[str]  # an internal error's cause (crash.py), status "crashed"
+    workers: NotRequired[list[Worker]]  # with loop.workers > 1: each worker's item and phase
 
 
 class CheckedStatus(Status):
