@@ -21,6 +21,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import NotRequired, Protocol, Self, TypedDict
@@ -107,6 +108,18 @@ EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's empty tree (SHA
 SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
 
 
+@dataclass
+class _Begun:
+    """An open line and what its receipts start from, while another iteration's is in hand."""
+
+    line: Line
+    started: float
+    head: str | None
+    tokens: float | None
+    tokens_why: str | None
+    meter: ProxyTotals | None
+
+
 class History:
     """Writes one line per iteration of one run; a follower of the run's events."""
 
@@ -131,12 +144,35 @@ class History:
         self._tokens_at_start: float | None = None
         self._tokens_why: str | None = None
         self._started = 0.0
+        # loop.workers > 1 (a `worker-started` seen): iterations overlap; each one's line and
+        # start facts wait here, by iteration, while another's are in hand
+        self.overlapping = False
+        self._others: dict[int, _Begun] = {}
 
     def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.WorkerStarted):
+            self.overlapping = True
         if isinstance(event, events.Iteration):
-            self.close("unknown")  # a line left open would be an iteration the loop abandoned
+            if self.overlapping:
+                self._stash()
+            else:
+                self.close("unknown")  # a line left open: an iteration the loop abandoned
             self._begin(event)
-        elif self.open is None:
+            return
+        if isinstance(event, events.Death):
+            for other in self._others.values():
+                other.line["deaths"].append(event.death)
+        in_hand = self.open["iteration"] if self.open is not None else None
+        if (
+            self.overlapping
+            and isinstance(event, events.IterationEnded)
+            and (event.iteration != in_hand)
+        ):
+            if event.iteration not in self._others:
+                return
+            self._stash()
+            self._unstash(event.iteration)
+        if self.open is None:
             return
         elif isinstance(event, events.Death):
             self.open["deaths"].append(event.death)
@@ -148,6 +184,25 @@ class History:
             if event.limit is not None:
                 self.open["limit"] = event.limit
             self.close(event.outcome)
+
+    def _stash(self) -> None:
+        """Keep the line in hand (with its start facts) aside, by its iteration."""
+        if self.open is not None:
+            self._others[self.open["iteration"]] = _Begun(
+                self.open,
+                self._started,
+                self._head_before,
+                self._tokens_at_start,
+                self._tokens_why,
+                self._meter_at_start,
+            )
+            self.open = None
+
+    def _unstash(self, iteration: int) -> None:
+        begun = self._others.pop(iteration)
+        self.open, self._started, self._head_before = begun.line, begun.started, begun.head
+        self._tokens_at_start, self._tokens_why = begun.tokens, begun.tokens_why
+        self._meter_at_start = begun.meter
 
     def close(self, outcome: str) -> None:
         """Write the iteration in hand with `outcome`; nothing when none is open."""

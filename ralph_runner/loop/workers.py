@@ -140,6 +140,7 @@ class Pool:
         self.waiting: set[str] = set()  # items that wait for the earlier ones to settle
         self.conflicts: dict[str, int] = {}
         self.error: BaseException | None = None  # what ended the run in a worker's thread
+        self.recovering = False  # a death is being recorded and recovered: start nothing
         self.checklist_rel = str(runner.checklist_path.resolve().relative_to(self.top))
         self.workdir_rel = self.workdir.resolve().relative_to(self.top)
 
@@ -173,7 +174,7 @@ class Pool:
                     runner.summary(text, stopped=True)
                     return ExitCode.MAX_ITERATIONS
                 started = False
-                while not at_limit and len(self.attempts) < self.size:
+                while not at_limit and not self.recovering and len(self.attempts) < self.size:
                     item = self._next(todo)
                     if item is None:
                         break
@@ -254,7 +255,7 @@ class Pool:
             runner.plan, connection=runner.plan.controller(), cwd=workdir, run=run
         )
         for spec in runner.plan.runbook.loop_steps:
-            if attempt.killed.is_set():
+            if attempt.killed.is_set() or self._stopping():
                 break
             if it.failed_step and spec.kind != "ensure_alive":
                 continue
@@ -262,7 +263,13 @@ class Pool:
         if it.failed_step and not attempt.killed.is_set() and runner.plan.runbook.probes:
             runner.stop.wait(max(runner.model.health.interval, 1.0))
             self.ensure_service(attempt, "after-failure", None)
+        if self._stopping():  # a signal killed its steps: no outcome, the item comes again
+            it.end("interrupted")
+            return
         self._settle(attempt, it)
+
+    def _stopping(self) -> bool:
+        return self.runner.signals.pending is not None or self.error is not None
 
     def _step(
         self, attempt: Attempt, spec: TaskSpec, group: tasks.TaskGroup, variables: dict[str, object]
@@ -319,19 +326,31 @@ class Pool:
             if self.runner.state.deaths != attempt.epoch:
                 return
             number = attempt.iteration.number if attempt.iteration else None
-            self.runner.service.ensure_alive(phase, facts, number)
+            try:
+                self.runner.service.ensure_alive(phase, facts, number)
+            finally:
+                self._recovered()
         self.runner.forget_counts()
 
     def _died(self, attempt: Attempt, phase: str, rounds: list, facts: Facts) -> None:
         with self.service_lock:
             if self.runner.state.deaths != attempt.epoch:
                 return  # recorded by another worker's watch: one death, one recovery
-            self.runner.service.died(phase, rounds, facts)
+            try:
+                self.runner.service.died(phase, rounds, facts)
+            finally:
+                self._recovered()
+
+    def _recovered(self) -> None:
+        with self.changed:
+            self.recovering = False
+            self.changed.notify_all()
 
     def on_event(self, event: events.Event) -> None:
         """A death (said before its capture and recovery) kills every attempt in flight."""
         if isinstance(event, events.Death):
             with self.lock:
+                self.recovering = True
                 for attempt in self.attempts.values():
                     attempt.killed.set()
                     if attempt.step_cancel is not None:

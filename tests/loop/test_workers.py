@@ -1,0 +1,191 @@
+"""`loop.workers: N`: items at once in git worktrees, against the stand-in server (real git,
+real processes): landings, conflicts retried, order, one death for all, stops and reruns.
+
+The agent step is the stand-in agent (one streamed call to the stand-in, nothing ticked:
+`--checklist /dev/null`) followed by WORK, a shell script that does the item's work by its first
+word, ticks the item in hand (not the first one) and commits, as a real agent in a worktree does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
+from standin_helpers import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+WORK = r"""#!/bin/bash
+# $1: the item's text. Its first word says what to do.
+item=$1 word=${1%% *}
+case "$word" in
+  ok|slow) echo "$item" > "$(echo "$item" | tr ' ' _).txt" ;;
+  same) echo "$item" > shared.txt ;;  # every `same` item rewrites the same line
+  needs)  # needs the file of the item named after it
+    wanted="$(echo "${item#needs }" | tr ' ' _).txt"
+    [ -e "$wanted" ] || { echo "missing $wanted" >&2; exit 1; }
+    echo "$item" > "$(echo "$item" | tr ' ' _).txt" ;;
+  *) echo "unknown item: $item" >&2; exit 2 ;;
+esac
+sed -i "s/^- \[ \] $item\$/- [x] $item/" CHECKLIST.md
+git add -A && git commit -qm "work: $item"
+"""
+
+
+def prepare(
+    scenario: Scenario, items: list[str], *, workers: int = 4, sleep: str = "0.3"
+) -> Scenario:
+    """The workspace (with shared.txt), a runbook with `workers` whose agent is WORK."""
+    work = scenario.root / "work.sh"
+    work.write_text(WORK)
+    work.chmod(0o755)
+    make_workspace(scenario.workspace, items)
+    (scenario.workspace / "shared.txt").write_text("base\n")
+    git(scenario.workspace, "add", "shared.txt")
+    git(scenario.workspace, "commit", "-qm", "shared")
+    data = runbook(watch=0.3, max_iterations=0)
+    agent = (
+        "{{ python }} -m ralph_runner.standin.agent --url {{ base_url }} --model {{ model }}"
+        f" --timeout 5 --checklist /dev/null --no-commit --sleep {{{{ {sleep} }}}} -- x"
+        f" && {work} {{{{ item.text | quote }}}}"
+    )
+    data["loop"]["workers"] = workers
+    data["loop"]["steps"][1]["shell"] = agent
+    scenario.runbook_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    scenario.standin.start(HEALTH_TIMEOUT="1")
+    return scenario
+
+
+def git(work: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=work, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def strikes(run: RalphRun) -> list[dict[str, Any]]:
+    return run.of("strike")
+
+
+def in_flight_at_most(run: RalphRun) -> int:
+    """The most attempts in flight at once, by the events: started, then ended."""
+    now = most = 0
+    for event in run.events:
+        if event["event"] == "worker-started":
+            now += 1
+            most = max(most, now)
+        elif event["event"] == "iteration-ended":
+            now -= 1
+    return most
+
+
+def assert_clean(scenario: Scenario) -> None:
+    """No worktree but the workdir's, no ralph/* branch, nothing under .ralph/worktrees."""
+    work = scenario.workspace
+    trees = [ln for ln in git(work, "worktree", "list", "--porcelain").splitlines()
+             if ln.startswith("worktree ")]  # fmt: skip
+    assert trees == [f"worktree {work}"], trees
+    assert git(work, "branch", "--list", "ralph/*").strip() == ""
+    where = work / ".ralph" / "worktrees"
+    assert not where.exists() or not any(where.iterdir())
+    assert git(work, "status", "--porcelain").strip() == ""
+
+
+def all_in_flight(run: RalphRun, count: int) -> dict[str, Any]:
+    """The status once `count` workers run their agent step."""
+
+    def running(status: dict[str, Any]) -> bool:
+        workers = status.get("workers") or []
+        return sum(1 for w in workers if w["phase"] == AGENT_STEP) >= count
+
+    return run.wait_status(running, f"{count} agents in flight", timeout=30)
+
+
+def test_eight_items_four_workers_all_land_overlapping(scenario: Scenario) -> None:
+    items = [f"ok {n}" for n in range(1, 9)]
+    prepare(scenario, items, sleep="0.5")
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    assert scenario.marks() == ["x"] * 8
+    assert len(run.of("worker-landed")) == 8
+    assert in_flight_at_most(run) >= 3, run.events
+    assert not strikes(run)
+    for n in range(1, 9):
+        assert (scenario.workspace / f"ok_{n}.txt").read_text() == f"ok {n}\n"
+    log = git(scenario.workspace, "log", "--format=%s")
+    assert log.count("ralph-run: done: ") == 8
+    assert_clean(scenario)
+
+
+def test_two_items_on_the_same_lines_both_land_one_retried(scenario: Scenario) -> None:
+    prepare(scenario, ["same a", "same b"], workers=2, sleep="0.5")
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    assert scenario.marks() == ["x", "x"]
+    conflicts = run.of("worker-conflict")
+    assert len(conflicts) == 1, run.events
+    assert not strikes(run)
+    landed = [e["item"] for e in run.of("worker-landed")]
+    assert sorted(landed) == ["same a", "same b"]
+    assert (scenario.workspace / "shared.txt").read_text() == f"{landed[-1]}\n"
+    assert_clean(scenario)
+
+
+def test_an_item_that_needs_the_one_before_lands_after_it(scenario: Scenario) -> None:
+    # the first item thinks longer: the second, started at once, fails first and waits
+    prepare(scenario, ["slow one", "needs slow one"], workers=2,
+            sleep="2 if item.index == 0 else 0.1")  # fmt: skip
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    assert scenario.marks() == ["x", "x"]
+    assert not strikes(run)
+    retried = run.of("worker-retry", item="needs slow one")
+    assert retried and retried[0]["waits"] is True
+    landed = [e["item"] for e in run.of("worker-landed")]
+    assert landed == ["slow one", "needs slow one"]
+    assert_clean(scenario)
+
+
+def test_a_death_with_four_in_flight_is_one_death_one_restart(scenario: Scenario) -> None:
+    prepare(scenario, [f"ok {n}" for n in range(1, 7)], sleep="3 if iteration <= 4 else 0.2")
+    run = scenario.start()
+    all_in_flight(run, 4)
+    starts = scenario.standin.starts
+    pid = scenario.standin.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # the server dies under all four
+    assert run.wait() == 0, run.stderr
+    assert scenario.marks() == ["x"] * 6
+    assert len(run.of("death")) == 1, run.events
+    assert len(scenario.records("death")) == 1
+    assert scenario.standin.starts == starts + 1
+    assert not strikes(run)
+    assert len(run.of("worker-retry", reason="the service died")) >= 4
+    assert_clean(scenario)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stop_with_four_in_flight_then_a_rerun_finishes(
+    scenario: Scenario, how: signal.Signals
+) -> None:
+    items = [f"ok {n}" for n in range(1, 7)]
+    prepare(scenario, items, sleep="30 if iteration <= 4 else 0.2")
+    run = scenario.start()
+    all_in_flight(run, 4)
+    run.send(how)
+    run.wait(30)
+    # the agents are gone (the tree guard kills them after a -9 too)
+    wait_for(lambda: not scenario.agent_processes(), 10, "no agent left")
+    if how == signal.SIGTERM:
+        assert_clean(scenario)
+        assert scenario.state()["status"] == "interrupted"
+    again = scenario.start()
+    assert again.wait() == 0, again.stderr
+    assert scenario.marks() == ["x"] * 6
+    assert not strikes(again)
+    assert_clean(scenario)
+    assert not scenario.agent_processes()
