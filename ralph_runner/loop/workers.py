@@ -140,6 +140,7 @@ class Pool:
         self.waiting: set[str] = set()  # items that wait for the earlier ones to settle
         self.conflicts: dict[str, int] = {}
         self.error: BaseException | None = None  # what ended the run in a worker's thread
+        self.begun = 0  # attempts started (max_iterations counts them as they start)
         self.recovering = False  # a death is being recorded and recovered: start nothing
         self.checklist_rel = str(runner.checklist_path.resolve().relative_to(self.top))
         self.workdir_rel = self.workdir.resolve().relative_to(self.top)
@@ -159,6 +160,7 @@ class Pool:
     def _schedule(self) -> int:
         runner, st = self.runner, self.runner.state
         limit = runner.model.loop.max_iterations
+        before = st.iteration - st.run_from  # this run's iterations before the workers began
         with self.changed:
             while True:
                 runner.signals.raise_pending()
@@ -166,7 +168,7 @@ class Pool:
                     raise self.error
                 text = checklist.read(runner.checklist_path)
                 todo = [i for i in checklist.parse(text) if i.mark == checklist.TODO]
-                at_limit = bool(limit) and st.iteration - st.run_from >= limit
+                at_limit = bool(limit) and before + self.begun >= limit
                 if not todo and not self.attempts:
                     runner.summary(text)
                     return ExitCode.DONE
@@ -180,7 +182,7 @@ class Pool:
                         break
                     self._start(item, todo)
                     started = True
-                    at_limit = bool(limit) and st.iteration - st.run_from >= limit
+                    at_limit = bool(limit) and before + self.begun >= limit
                 if not started:
                     self.changed.wait(timeout=1.0)  # woken by an attempt's end; 1 s: signals
 
@@ -203,6 +205,7 @@ class Pool:
         strikable = not any(other.index < item.index for other in todo)
         attempt = Attempt(worker, item, strikable, self.runner.state.deaths)
         self.attempts[worker] = attempt
+        self.begun += 1
         attempt.thread = threading.Thread(
             target=self._attempt, args=(attempt,), name=f"worker-{worker}", daemon=True
         )
@@ -216,8 +219,8 @@ class Pool:
             with self.lock:
                 if self.error is None:
                     self.error = exc
-                if attempt.iteration is not None:
-                    attempt.iteration.cut_short(exc)
+            if attempt.iteration is not None:  # outside the lock: a Death's emit takes it
+                attempt.iteration.cut_short(exc)
         finally:
             if attempt.tree is not None:
                 with self.landing:
