@@ -77,6 +77,10 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "host-done": (["exit_code"], []),  # and `host`, as every event a fleet hands on
     "host-says": (["text"], []),
     "fleet-summary": (["hosts", "exit_code"], []),
+    "worker-started": (["worker", "iteration", "item", "branch", "base", "strikable"], []),
+    "worker-landed": (["worker", "item", "commits", "head"], []),
+    "worker-conflict": (["worker", "item", "conflicts", "of", "reason"], []),
+    "worker-retry": (["worker", "item", "reason", "waits"], []),
 }  # fmt: skip
 
 
