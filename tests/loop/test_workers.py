@@ -8,6 +8,8 @@ word, ticks the item in hand (not the first one) and commits, as a real agent in
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import signal
 import subprocess
@@ -118,6 +120,12 @@ def test_eight_items_four_workers_all_land_overlapping(scenario: Scenario) -> No
         assert (scenario.workspace / f"ok_{n}.txt").read_text() == f"ok {n}\n"
     log = git(scenario.workspace, "log", "--format=%s")
     assert log.count("ralph-run: done: ") == 8
+    # the history: a line per attempt, each done, and their spans overlap
+    lines = [json.loads(line) for line in (scenario.workspace / ".ralph" / "iterations.jsonl")
+             .read_text().splitlines()]  # fmt: skip
+    assert sorted(line["outcome"] for line in lines) == ["done"] * 8
+    spans = sorted((line["started"], line["started"] + line["seconds"]) for line in lines)
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
     assert_clean(scenario)
 
 
@@ -188,4 +196,4 @@ def test_a_stop_with_four_in_flight_then_a_rerun_finishes(
     assert scenario.marks() == ["x"] * 6
     assert not strikes(again)
     assert_clean(scenario)
-    assert not scenario.agent_processes()
+    scenario.assert_nothing_left()
