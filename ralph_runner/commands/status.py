@@ -104,6 +104,11 @@ def human_lines(status: CheckedStatus) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    if status["running"]:  # loop.workers > 1: each worker's item
+        for worker in status.get("workers", []):
+            doing = worker["item"] or "idle"
+            where = f" ({worker['phase']})" if worker["item"] and worker["phase"] else ""
+            lines.append(f"worker {worker['worker']}:   {doing}{where}")
     lines.extend(_pause(status["pause"]) if status["running"] else _pause_left(status))
     if status["failure"]:  # why the run failed (exit 2): what its console said
         lines.append(f"error:      {status['failure']}")
