@@ -253,7 +253,7 @@ class Pool:
             )
         )
         runner.bus.emit(it.started())
-        runner.save(status_only=True)
+        runner.save()  # its number: a rerun after kill -9 goes on from it
         group = tasks.TaskGroup(
             runner.plan, connection=runner.plan.controller(), cwd=workdir, run=run
         )
