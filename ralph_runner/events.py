@@ -97,6 +97,7 @@ class Step(Event):
     NAME = "step"
     step: str
     action: str  # the action kind
+    worker: int | None = field(default=None, metadata=IF_NONE)  # loop.workers > 1: whose
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +112,7 @@ class StepDone(Event):
     stalled: bool = field(default=False, metadata=IF_FALSE)
     status: str  # "ok", or how it failed in words
     seconds: float
+    worker: int | None = field(default=None, metadata=IF_NONE)  # loop.workers > 1: whose
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -160,11 +160,13 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
                 f"{e.todo} todo, {e.skipped} skipped, {e.deaths} deaths)",
             )
         case events.Step():
-            return f"  → {e.step}" if verbose else None
+            whose = f"[{e.worker}] " if e.worker is not None else ""
+            return f"  → {whose}{e.step}" if verbose else None
         case events.StepDone():
             mark = p("green", "✓") if e.ok else p("red", "✗")
             failed = "" if e.ok else " " + p("red", _step_status(e))
-            return f"  {mark} {e.step} " + p("dim", f"{e.seconds:.1f}s") + failed
+            whose = f"[{e.worker}] " if e.worker is not None else ""
+            return f"  {mark} {whose}{e.step} " + p("dim", f"{e.seconds:.1f}s") + failed
         case events.Watch():
             return p("red", f"  ! service died during {e.step}: step killed")
         case events.Death():

@@ -280,7 +280,7 @@ class Pool:
         runner = self.runner
         attempt.phase = spec.name
         runner.save(status_only=True)
-        runner.bus.emit(events.Step(step=spec.name, action=spec.kind))
+        runner.bus.emit(events.Step(step=spec.name, action=spec.kind, worker=attempt.worker))
         started = time.monotonic()
         every = runner.model.health.watch if runner.plan.runbook.probes else 0
         if spec.kind in UNWATCHED:
@@ -308,6 +308,7 @@ class Pool:
                 stalled=bool(result.stalled),
                 status=status,
                 seconds=round(time.monotonic() - started, 3),
+                worker=attempt.worker,
             )
         )
         if watch.rounds is not None:

@@ -24,9 +24,10 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
          "prompt_bytes"],
         [],
     ),
-    "step": (["step", "action"], []),
+    "step": (["step", "action"], ["worker"]),
     "step-done": (
-        ["step", "ok", "exit_code", "timed_out", "killed", "status", "seconds"], ["stalled"]
+        ["step", "ok", "exit_code", "timed_out", "killed", "status", "seconds"],
+        ["stalled", "worker"],
     ),
     "watch": (["step", "killed"], []),
     "output": (["step", "text"], []),
