@@ -27,7 +27,7 @@ from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, proxy
 from ralph_runner.loop.iteration import Iteration, step_entry
-from ralph_runner.process import execute
+from ralph_runner.process import execute, output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.workspace import checklist, git, worktrees
 from ralph_runner.workspace.status_file import Worker
@@ -96,6 +96,18 @@ class AttemptRun:
         self.workdir, self.checklist_path = workdir, checklist_path
         self.in_repo = True
         self.limited_since: float | None = None
+        self._partial = ""  # `-v`: the step's output after its last newline
+
+    def show_output(self, text: str) -> None:
+        """`-v`: the attempt's step output, a line at a time, escape codes left out."""
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self.bus.emit(events.Output(step=self.attempt.phase, text=output_text.clean(line)))
+
+    def flush_output(self) -> None:
+        if self._partial:
+            text, self._partial = output_text.clean(self._partial), ""
+            self.bus.emit(events.Output(step=self.attempt.phase, text=text))
 
     def save(self, status_only: bool = False) -> None:
         self.pool.runner.save(status_only)
@@ -255,7 +267,11 @@ class Pool:
         runner.bus.emit(it.started())
         runner.save()  # its number: a rerun after kill -9 goes on from it
         group = tasks.TaskGroup(
-            runner.plan, connection=runner.plan.controller(), cwd=workdir, run=run
+            runner.plan,
+            connection=runner.plan.controller(),
+            cwd=workdir,
+            run=run,
+            on_output=run.show_output if runner.bus.verbose else None,
         )
         for spec in runner.plan.runbook.loop_steps:
             if attempt.killed.is_set() or self._stopping():
@@ -263,6 +279,7 @@ class Pool:
             if it.failed_step and spec.kind != "ensure_alive":
                 continue
             it.took(spec, self._step(attempt, spec, group, variables))
+            run.flush_output()
         if it.failed_step and not attempt.killed.is_set() and runner.plan.runbook.probes:
             runner.stop.wait(max(runner.model.health.interval, 1.0))
             self.ensure_service(attempt, "after-failure", None)
