@@ -64,10 +64,13 @@ def reason(seconds: float) -> str:
     return f"no output, no CPU, no change for {seconds:g} s"
 
 
-def watches(plan: Plan, health: Health, store_dir: Path) -> Callable[[float], StepIdle]:
+def watches(
+    plan: Plan, health: Health, store_dir: Path, workdir: Path | None = None
+) -> Callable[[float], StepIdle]:
     """The loop's factory of idle watches (tasks.TaskGroup.idle): one per task that sets
-    `idle_timeout`, watching the plan's workdir (ralph-run's own files left out) and the
-    service through the health's `progress` probes."""
+    `idle_timeout`, watching the plan's workdir (ralph-run's own files left out), or a
+    worker's `workdir` (its worktree's), and the service through the health's `progress`
+    probes."""
     from ralph_runner.deaths.log import records_path
 
     config = plan.model.diagnostics
@@ -77,7 +80,7 @@ def watches(plan: Plan, health: Health, store_dir: Path) -> Callable[[float], St
     server = server_look(health)
 
     def make(seconds: float) -> StepIdle:
-        return StepIdle(seconds, plan.workdir, server, ignore)
+        return StepIdle(seconds, workdir or plan.workdir, server, ignore)
 
     return make
 

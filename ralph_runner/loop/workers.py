@@ -25,11 +25,12 @@ from ralph_runner.deaths.record import Facts
 from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, proxy
+from ralph_runner.loop import failures, idle, proxy
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.process import execute, output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.workspace import checklist, git, worktrees
+from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import Worker
 
 if TYPE_CHECKING:
@@ -272,6 +273,8 @@ class Pool:
             cwd=workdir,
             run=run,
             on_output=run.show_output if runner.bus.verbose else None,
+            # the worktree's files (its own .ralph/ left out, none: the run's is above it)
+            idle=idle.watches(runner.plan, runner.health, workdir / STATE_DIR, workdir),
         )
         for spec in runner.plan.runbook.loop_steps:
             if attempt.killed.is_set() or self._stopping():
