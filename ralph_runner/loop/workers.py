@@ -25,7 +25,7 @@ from ralph_runner.deaths.record import Facts
 from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, idle, proxy
+from ralph_runner.loop import failures, idle, pause, proxy
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.process import execute, output_text
 from ralph_runner.runbook import tasks
@@ -63,6 +63,7 @@ class Runner(Protocol):
     health: Health
     service: Service
     signals: InterruptsRaise
+    pause: pause.Pause
 
     def save(self, status_only: bool = False) -> None: ...
     def forget_counts(self) -> None: ...
@@ -82,6 +83,7 @@ class Attempt:
     phase: str | None = "starting"
     iteration: Iteration | None = None
     killed: threading.Event = field(default_factory=threading.Event)
+    paused: bool = False  # `pause --now` killed it: no outcome, the item comes again
     step_cancel: threading.Event | None = None
     thread: threading.Thread | None = None
 
@@ -188,6 +190,8 @@ class Pool:
                 if at_limit and not self.attempts:
                     runner.summary(text, stopped=True)
                     return ExitCode.MAX_ITERATIONS
+                if self._paused():
+                    continue
                 started = False
                 while not at_limit and not self.recovering and len(self.attempts) < self.size:
                     item = self._next(todo)
@@ -198,6 +202,32 @@ class Pool:
                     at_limit = bool(limit) and before + self.begun >= limit
                 if not started:
                     self.changed.wait(timeout=1.0)  # woken by an attempt's end; 1 s: signals
+
+    def _paused(self) -> bool:
+        """`ralph-run pause`: start nothing more; with --now, stop the attempts in flight; once
+        none is, hold the run as one worker's loop does (the pause and resume blocks)."""
+        wanted = pause.read(self.runner.pause.path)
+        if wanted is None:
+            return False
+        if wanted.get("now"):
+            for attempt in self.attempts.values():
+                attempt.paused = True
+                self._kill(attempt)
+        if self.attempts:
+            self.changed.wait(timeout=1.0)
+            return True
+        self.lock.release()  # the hold saves and emits: never under the pool's lock
+        try:
+            self.runner.pause.hold(wanted)
+        finally:
+            self.lock.acquire()
+        return True
+
+    @staticmethod
+    def _kill(attempt: Attempt) -> None:
+        attempt.killed.set()
+        if attempt.step_cancel is not None:
+            attempt.step_cancel.set()
 
     def _next(self, todo: list[checklist.Item]) -> checklist.Item | None:
         """The first item not in flight whose turn it is: a waiting one only once every item
@@ -376,9 +406,7 @@ class Pool:
             with self.lock:
                 self.recovering = True
                 for attempt in self.attempts.values():
-                    attempt.killed.set()
-                    if attempt.step_cancel is not None:
-                        attempt.step_cancel.set()
+                    self._kill(attempt)
 
     def _facts(self, attempt: Attempt) -> Facts:
         it = attempt.iteration
@@ -398,6 +426,9 @@ class Pool:
         """Land it, or retry it with no strike (a death, a conflict, an earlier item
         unsettled), or strike it (and skip it at `strikes`)."""
         bus, item, st = self.runner.bus, attempt.item, self.runner.state
+        if attempt.paused:
+            it.end("paused")  # no outcome counted: the item comes again after `resume`
+            return
         killed = attempt.killed.is_set() or st.deaths != attempt.epoch
         if killed and (it.failed_step is not None or attempt.killed.is_set()):
             reason = it.failed_step["reason"] if it.failed_step else "the service died"
@@ -481,9 +512,7 @@ class Pool:
         with self.lock:
             attempts = list(self.attempts.values())
             for attempt in attempts:
-                attempt.killed.set()
-                if attempt.step_cancel is not None:
-                    attempt.step_cancel.set()
+                self._kill(attempt)
         execute.kill_all()
         deadline = time.monotonic() + JOIN_SECONDS
         for attempt in attempts:
@@ -496,14 +525,15 @@ class Pool:
             self.runner.bus.warn(f"worktrees not cleaned: {exc}")
 
     def statuses(self) -> list[Worker]:
-        """status.json's `workers`: each worker's item and phase."""
-        with self.lock:
-            found: list[Worker] = []
-            for n in range(1, self.size + 1):
-                attempt = self.attempts.get(n)
-                found.append({
-                    "worker": n,
-                    "item": attempt.item.text if attempt else None,
-                    "phase": attempt.phase if attempt else None,
-                })  # fmt: skip
-            return found
+        """status.json's `workers`: each worker's item and phase. Without the pool's lock (a
+        copy of the dict): a save may come from a thread that holds the bus or the Service."""
+        attempts = dict(self.attempts)
+        found: list[Worker] = []
+        for n in range(1, self.size + 1):
+            attempt = attempts.get(n)
+            found.append({
+                "worker": n,
+                "item": attempt.item.text if attempt else None,
+                "phase": attempt.phase if attempt else None,
+            })  # fmt: skip
+        return found
