@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
-from standin_helpers import wait_for
+from standin_helpers import ralph, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -197,3 +197,22 @@ def test_a_stop_with_four_in_flight_then_a_rerun_finishes(
     assert not strikes(again)
     assert_clean(scenario)
     scenario.assert_nothing_left()
+
+
+def test_pause_holds_the_run_between_attempts_and_resume_goes_on(scenario: Scenario) -> None:
+    prepare(scenario, [f"ok {n}" for n in range(1, 5)], workers=2, sleep="1")
+    run = scenario.start()
+    all_in_flight(run, 2)
+    assert ralph("pause", str(scenario.workspace)).returncode == 0
+    paused = run.wait_event("paused", timeout=30)
+    assert len(run.of("worker-landed")) == 2  # the attempts in flight ended first
+    started = len(run.of("worker-started"))
+    status = run.wait_status(lambda s: s.get("paused") is True, "the paused status")
+    assert all(w["item"] is None for w in status["workers"])
+    assert len(run.of("worker-started")) == started  # nothing starts while paused
+    assert ralph("resume", str(scenario.workspace)).returncode == 0
+    assert run.wait() == 0, run.stderr
+    assert paused and run.of("resumed")
+    assert scenario.marks() == ["x"] * 4
+    assert not strikes(run)
+    assert_clean(scenario)
