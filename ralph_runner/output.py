@@ -50,7 +50,7 @@ class Console:
                     default=str,
                 )
             else:
-                shown = human_line(event, self._paint, self.verbose)
+                shown = human_line(_items_printable(event), self._paint, self.verbose)
                 if shown is None:
                     return
                 line = shown
@@ -130,6 +130,18 @@ class _Ticker:
         with self.lock:
             self.stream.write("\r\033[K")
             self.stream.flush()
+
+
+def _items_printable(event: events.Event) -> events.Event:
+    """`event` with its checklist items (text from a file) made printable for the console."""
+    found: dict[str, object] = {
+        name: printable(value)
+        for name in ("item", "previous_item")
+        if isinstance(value := getattr(event, name, None), str)
+    }
+    if isinstance(skipped := getattr(event, "skipped", None), list):
+        found["skipped"] = [printable(str(item)) for item in skipped]
+    return events.masked(event, found) if found else event
 
 
 def _clock(seconds: float) -> str:
@@ -386,6 +398,17 @@ IRREGULAR = {"recovery": "recoveries"}
 def plural(count: object, noun: str) -> str:
     """A count with its noun: "1 death", "3 deaths", "2 recoveries", "? attempts"."""
     return f"{count} {noun if count == 1 else IRREGULAR.get(noun, noun + 's')}"
+
+
+# C0 controls but tab and newline, DEL and C1: what can move a terminal's cursor or start an
+# escape sequence, shown as \xNN instead (an item, a status line, a loop's output in `top`)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: its control characters (ESC, CR, BEL...; not tab or newline)
+    written as `\\x1b`, so text from a checklist or a file never drives the terminal."""
+    return text.translate(_CONTROLS)
 
 
 def shorten(text: str, width: int) -> str:

@@ -33,6 +33,7 @@ from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
 from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.loop import pause as pause_control
 from ralph_runner.loop.state import LastFailure, State
+from ralph_runner.output import printable
 from ralph_runner.process import connection
 from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR, STATE_FILE
@@ -398,7 +399,7 @@ def iterations(lines: list[JSONObject], rows: int) -> RenderableType:
             _tokens(line),
             str(commit)[:7] if commit else "-",
             changed,
-            str(line.get("item", "")),
+            Text(printable(str(line.get("item", "")))),
         )
     return table
 
@@ -426,7 +427,7 @@ def output_lines(reading: LoopReading | None, rows: int) -> list[Text]:
         return [Text("  output: reading...")]
     failure = reading.failure
     if failure and failure["output_tail"].strip():
-        title = f"  last failed attempt's output ({failure['item']}):"
+        title = f"  last failed attempt's output ({printable(failure['item'])}):"
         text = failure["output_tail"].splitlines()
     elif reading.log:
         title, text = "  server log (recorder):", reading.log
@@ -434,7 +435,9 @@ def output_lines(reading: LoopReading | None, rows: int) -> list[Text]:
         return [Text("  output: none recorded (no failed attempt, no recorder log)")]
     shown = [Text(title, no_wrap=True, overflow="ellipsis")]
     for line in text[-(rows - 1) :] if rows > 1 else []:
-        shown.append(Text("    " + line.expandtabs(4), no_wrap=True, overflow="ellipsis"))
+        shown.append(
+            Text("    " + printable(line.expandtabs(4)), no_wrap=True, overflow="ellipsis")
+        )
     return shown
 
 
@@ -449,7 +452,8 @@ def last_death_text(status: CheckedStatus) -> str:
 
 
 def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
-    """The loops' table; each row is (name, cells, style)."""
+    """The loops' table; each row is (name, cells, style). Every cell is plain text: an item
+    such as "fix [/bold] route" is shown as it is, never read as rich markup."""
     grid = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
     grid.add_column("loop", no_wrap=True, max_width=12, overflow="ellipsis")
     grid.add_column("state", no_wrap=True, max_width=16, overflow="ellipsis")
@@ -460,7 +464,7 @@ def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
     grid.add_column("deaths", justify="right", no_wrap=True)
     grid.add_column("d/t/s", no_wrap=True)
     for name, row_cells, style in rows:
-        grid.add_row(name, *row_cells, style=style)
+        grid.add_row(*(Text(printable(cell)) for cell in (name, *row_cells)), style=style)
     return grid
 
 
@@ -473,7 +477,7 @@ def details(
 ) -> list[RenderableType]:
     """Under the table, in `budget` lines (None: no limit): the selected loop's engine
     sparklines, its last iterations and its last output."""
-    parts: list[RenderableType] = [Text(title, no_wrap=True, overflow="ellipsis")]
+    parts: list[RenderableType] = [Text(printable(title), no_wrap=True, overflow="ellipsis")]
     if reading is None or reading.status is None:
         return [*parts, Text(f"  {reading.error if reading else 'reading...'}")]
     engine = engine_lines(detailed.samples if detailed else None, width)
