@@ -3,7 +3,9 @@ terminal) or one JSON event per line; the one style of text for people."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -37,6 +39,7 @@ class Console:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._ticker: _Ticker | None = None
+        self.detached = False  # the stream could not be written: nothing is shown any more
 
     def on_event(self, event: events.Event) -> None:
         kind, fields = event.kind, event.json_fields()
@@ -60,7 +63,23 @@ class Console:
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
                 if self.colour:
                     line = "\r\033[K" + line  # over the ticker's line, if one is drawn
-            print(line, file=self.stream, flush=True)
+            self.write(line + "\n")
+
+    def write(self, text: str) -> None:
+        """`text` to the stream (under the lock). A stream that cannot be written any more (a
+        closed pipe, `ralph-run ... | head -3`; a terminal hung up, a dropped ssh or tmux
+        session) detaches the console: the run goes on and says nothing more here (its status,
+        history and death log keep what it does). The stream's descriptor then points at
+        /dev/null, so nothing else that writes to it (a flush at exit) fails either."""
+        if self.detached:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:  # EPIPE: the reader left; EIO: the terminal is gone
+            self.detached = True
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
     def _tick(self, step: str | None) -> None:
         """On a terminal, a live line under the log: the running step and its elapsed time."""
@@ -68,7 +87,7 @@ class Console:
             self._ticker.stop()
             self._ticker = None
         if step is not None:
-            self._ticker = _Ticker(self.stream, self._lock, self._paint("cyan", f"  … {step}"))
+            self._ticker = _Ticker(self.write, self._lock, self._paint("cyan", f"  … {step}"))
 
     def _paint(self, colour: str, text: str) -> str:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
@@ -110,8 +129,8 @@ class EventBus:
 class _Ticker:
     """Redraws one status line every second until stopped, then erases it."""
 
-    def __init__(self, stream: IO[str], lock: threading.Lock, label: str) -> None:
-        self.stream, self.lock, self.label = stream, lock, label
+    def __init__(self, write: Callable[[str], None], lock: threading.Lock, label: str) -> None:
+        self.write, self.lock, self.label = write, lock, label
         self.started = time.monotonic()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ticker", daemon=True)
@@ -121,15 +140,13 @@ class _Ticker:
         while not self.done.wait(1.0):
             with self.lock:
                 seconds = time.monotonic() - self.started
-                self.stream.write(f"\r\033[K{self.label} {_clock(seconds)}")
-                self.stream.flush()
+                self.write(f"\r\033[K{self.label} {_clock(seconds)}")
 
     def stop(self) -> None:
         self.done.set()
         self.thread.join()
         with self.lock:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+            self.write("\r\033[K")
 
 
 def _items_printable(event: events.Event) -> events.Event:
