@@ -51,7 +51,7 @@ class Runner:
         self.ignore = _housekeeping_patterns(plan)
         self.in_repo = False
         self.known: git.Snapshot | None = None  # the work tree after the last iteration, if known
-        self._partial_line = ""
+        self._output_lines = output_text.Lines()  # -v: the step's output as it arrives
         self.signals = execute.InterruptsRaise()
         # The checklist's counts for status.json and death records, read again only after
         # something that can change the file ran (a process step, a recovery, a skip).
@@ -284,15 +284,12 @@ class Runner:
     def _show_output(self, text: str) -> None:
         """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks), without
         the escape codes that would garble a log file or move a terminal's cursor."""
-        *lines, self._partial_line = (self._partial_line + text).split("\n")
-        for line in lines:
-            self.bus.emit(events.Output(step=self.state.phase, text=output_text.clean(line)))
+        for line in self._output_lines.feed(text):  # a line over 64 KiB comes in cut pieces
+            self.bus.emit(events.Output(step=self.state.phase, text=line))
 
     def _flush_output(self) -> None:
-        if self._partial_line:
-            text = output_text.clean(self._partial_line)
-            self.bus.emit(events.Output(step=self.state.phase, text=text))
-            self._partial_line = ""
+        if (last := self._output_lines.end()) is not None:
+            self.bus.emit(events.Output(step=self.state.phase, text=last))
 
     # -- what the runbook's actions call ---------------------------------------
     def ensure_alive(self, phase: str, context: dict[str, object]) -> TaskResult:
