@@ -409,7 +409,7 @@ def step_ended(
     return f"exit {exit_code}"
 
 
-IRREGULAR = {"recovery": "recoveries"}
+IRREGULAR = {"recovery": "recoveries", "process": "processes"}
 
 
 def plural(count: object, noun: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -22,7 +23,7 @@ from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, housekeeping, idle, pause, proxy, state
 from ralph_runner.loop.iteration import Iteration, step_entry
-from ralph_runner.output import EventBus
+from ralph_runner.output import EventBus, plural
 from ralph_runner.process import execute, orphans, output_text
 from ralph_runner.runbook import preflight, tasks
 from ralph_runner.runbook.loader import TaskSpec
@@ -248,8 +249,15 @@ class Runner:
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
         if spec.kind in UNWATCHED:
             watch_every = 0
-        with Watch(self.health, watch_every, self.state.iteration, self._show_bound) as watch:
+        with (
+            Watch(self.health, watch_every, self.state.iteration, self._show_bound) as watch,
+            # an agent's work leaves nothing running (a recovery's server must outlive its step)
+            execute.swept() if spec.kind not in UNWATCHED else contextlib.nullcontext() as swept,
+        ):
             result = tasks.run(spec, group, variables, watch.cancel)
+        if swept is not None and swept.killed:
+            left = plural(len(swept.killed), "process")
+            self.bus.warn(f"{spec.name} left {left} running: killed {', '.join(swept.killed)}")
         if spec.kind not in UNWATCHED:
             self._counts = None  # the agent may have ticked its item
         self.signals.raise_pending()  # the step was killed by a signal: no strike for it
