@@ -38,7 +38,13 @@ UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer ru
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
-SSH_MODULES = {"test_remote", "test_fleet_status", "test_deploy"}
+SSH_MODULES = {
+    "test_remote",
+    "test_fleet_status",
+    "test_deploy",
+    "test_remote_paths",
+    "test_host_keys",
+}
 # The tiers that need an install, and which of their tests need it (its real binary): "all", or
 # "marked": only a test that carries the tier's marker itself (its module's pytestmark, a
 # parameter's marks); the rest of such a tier (test_real_faithful's [stand-in] halves, the

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -124,7 +123,7 @@ def read_remote(
     where = f"{workdir.rstrip('/')}/{STATE_DIR}"
     ring = REMOTE_RING.format(directory=DIRECTORY, glob=SEGMENT_GLOB, bytes=REMOTE_RING_BYTES)
     command = REMOTE.format(
-        dir=remote_path(where),
+        dir=connection.remote_path(where),
         sep=SEP,
         lines=HISTORY_TAIL,
         history=HISTORY_FILE,
@@ -158,11 +157,6 @@ def read_remote(
     state = _object("\n".join(parts[1]))
     ring_text = "\n".join(parts[3]) if detailed else None
     return _reading(checked, state, "\n".join(parts[2]), ring_text)
-
-
-def remote_path(path: str) -> str:
-    """A path as one word of a remote shell command; `~/...` stays under the remote home."""
-    return f'"$HOME"/{shlex.quote(path[2:])}' if path.startswith("~/") else shlex.quote(path)
 
 
 def _reading(

@@ -195,7 +195,7 @@ def remote_command(argv: list[str], *, cwd: str | os.PathLike | None) -> str:
     words = ["exec", "bash", "-c", shlex.quote(_REMOTE_WRAPPER), "ralph-run"]
     words += [shlex.quote(word) for word in argv]
     line = " ".join(words)
-    return f"cd {_remote_path(os.fspath(cwd))} && {line}" if cwd is not None else line
+    return f"cd {remote_path(os.fspath(cwd))} && {line}" if cwd is not None else line
 
 
 def environment_of(env: Mapping[str, str] | None) -> bytes:
@@ -206,7 +206,9 @@ def environment_of(env: Mapping[str, str] | None) -> bytes:
     return b"".join(pairs) + b"\0"
 
 
-def _remote_path(path: str) -> str:
+def remote_path(path: str) -> str:
+    """A path as one word of a remote shell line; a leading `~/` stays the remote user's home
+    (`~/'x$(touch /tmp/p)'`: the rest quoted). Every remote line ralph-run builds uses it."""
     if path == "~":
         return "~"
     if path.startswith("~/"):
