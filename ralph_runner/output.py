@@ -300,6 +300,15 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
                 f"  resume steps failed: {e.error}; going on: the service is checked now, "
                 "and started if nothing listens",
             )
+        case events.BlockStep():  # the runbook's setup: and teardown: (loop/lifecycle.py)
+            if e.skipped:
+                return p("dim", f"  ⏭ {e.block} step: {e.step}: skipped ({e.skipped})")
+            return f"  {'🔑' if e.block == 'setup' else '🧹'} {e.block} step: {e.step}"
+        case events.BlockSteps():
+            if e.ok:
+                return p("green", f"  {e.block} steps done in {e.seconds:.1f}s")
+            then = "the run stops" if e.block == "setup" else "what setup holds may be held still"
+            return p("red", f"  {e.block} steps failed: {e.error}; {then}")
         case events.Limited():
             reset = "  no reset time given" if e.guessed else f"  it resets at {e.reset}"
             then = (

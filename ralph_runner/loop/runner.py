@@ -21,7 +21,7 @@ from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Inter
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, housekeeping, idle, pause, proxy, state
+from ralph_runner.loop import failures, housekeeping, idle, lifecycle, pause, proxy, state
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.output import EventBus, plural
 from ralph_runner.process import execute, orphans, output_text
@@ -63,6 +63,7 @@ class Runner:
         self._bound_shown: int | None = None  # the hang bound's whole seconds in status.json
         self.pause = pause.Pause(self)  # `ralph-run pause`: held at the iteration boundary
         bus.follow(self.pause)
+        self.lifecycle = lifecycle.Lifecycle(self)  # the runbook's `setup:` and `teardown:`
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -109,6 +110,7 @@ class Runner:
             # need not walk it again and again (its oldest generation took ~0.6 ms an iteration).
             gc.freeze()
             try:
+                self.lifecycle.setup()  # before the first health check: acquire, then start
                 code = self._loop()
                 state.move(self.state, "finished" if code == ExitCode.DONE else "stopped")
                 return code
@@ -134,6 +136,7 @@ class Runner:
                 state.move(self.state, "crashed")
                 raise
             finally:
+                self.lifecycle.teardown()  # once, whatever the end (a kill -9: the next run)
                 health.close()
                 self.state.phase = None
                 self.save()
@@ -405,6 +408,8 @@ class Runner:
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }
+        if (blocks := self.lifecycle.fields()) is not None:
+            status["lifecycle"] = blocks
         if counts is not None:  # none: the checklist was never read
             status["done"], status["todo"], status["skipped"] = (
                 counts.done,
