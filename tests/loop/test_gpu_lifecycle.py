@@ -10,16 +10,18 @@ calls.log says who asked what, when, and in which order."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from e2e_helpers import RalphRun, Scenario, make_workspace
-from standin_helpers import START_SCRIPT, wait_for
+from standin_helpers import START_SCRIPT, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -452,3 +454,74 @@ def test_with_no_driver_the_wait_says_so_once_and_falls_back(scenario: Scenario)
     *_, with_command, alone, waited = text.splitlines()
     assert (with_command, alone) == ("command", "delay")
     assert 0.3 <= float(waited) < 1.5
+
+
+# An NVML with one GPU whose free memory (MiB) is read from the file $FAKE_NVML_FREE: the
+# driver's library is the one part not in this machine, so it alone is replaced.
+FAKE_NVML = """
+import os
+from types import SimpleNamespace
+
+class NVMLError(Exception):
+    pass
+
+def nvmlInit():
+    pass
+
+def nvmlShutdown():
+    pass
+
+def nvmlDeviceGetCount():
+    return 1
+
+def nvmlDeviceGetHandleByIndex(index):
+    return index
+
+def nvmlDeviceGetMemoryInfo(handle):
+    with open(os.environ["FAKE_NVML_FREE"]) as file:
+        free = int(file.read()) * 1024 * 1024
+    return SimpleNamespace(free=free, used=0, total=free)
+"""
+
+
+def test_the_wait_starts_within_a_look_of_the_gpu_memory_freeing(scenario: Scenario) -> None:
+    """`gpu_free_mib` through NVML: the step ends within `every` of the memory being free."""
+    scenario.prepare(["one"])
+    fake = scenario.root / "fake-nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_NVML)
+    free = scenario.root / "free-mib"
+    free.write_text("8000")  # another job holds the rest
+    said = scenario.root / "said"
+    book: dict[str, Any] = yaml.safe_load(scenario.runbook_path.read_text())
+    book["setup"] = [
+        {
+            "name": "wait for the GPU",
+            "wait": {"gpu_free_mib": 90112, "every": 0.2, "max": 20},
+            "register": "gpu",
+        },
+        {"name": "say", "shell": "printf '%s\\n' {{ gpu.stdout }} {{ gpu.source }} > {{ said }}"},
+    ]
+    scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+    facts = json.dumps({**scenario.facts, "said": str(said)})
+    command = [*RALPH, str(scenario.runbook_path), "--json", "-e", facts]
+    env = python_env(FAKE_NVML_FREE=str(free))
+    env["PYTHONPATH"] = os.pathsep.join([str(fake), env["PYTHONPATH"]])
+    run = subprocess.Popen(
+        command, cwd=scenario.workspace, env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert run.stdout is not None
+    lines = []
+    for line in run.stdout:
+        lines.append(json.loads(line))
+        if lines[-1]["event"] == "block-step":
+            time.sleep(1.0)  # a few looks at 8000 MiB
+            freed = time.time()
+            free.write_text("95000")
+            break
+    events = [*lines, *(json.loads(line) for line in run.stdout)]
+    assert run.wait(60) == 0, events
+    setup = next(e for e in events if e["event"] == "block-steps")
+    assert setup["ok"] and setup["time"] - freed < 0.5, (setup, freed)
+    text = said.read_text()
+    assert "95000 MiB free (NVML), 90112 wanted" in text and text.splitlines()[-1] == "nvml"
