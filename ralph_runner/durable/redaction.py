@@ -26,6 +26,9 @@ URL_TOKEN = re.compile(r"(?i)(\bhttps?://)[^/\s:@]+(?=@)")
 # `client_secret`, `credentials`): its value is masked as if `secrets:` listed it. `tokens`
 # (plural: `max_tokens`) is a count, not a secret.
 SECRET_NAME = re.compile(r"(?i)(key$|token(?!s)|passw(or)?d|secret|credential)")
+# The words local servers take where a key is required but none is checked (vLLM's docs use
+# EMPTY, Claude Code's recipe none): no secret, and masking them would garble every report.
+PLACEHOLDERS = frozenset({"empty", "none", "null", "dummy", "no-key", "not-needed"})
 
 
 def secret_named(name: str, value: object) -> bool:
@@ -34,6 +37,7 @@ def secret_named(name: str, value: object) -> bool:
     return (
         isinstance(value, str)
         and not value.strip().replace(".", "", 1).isdigit()
+        and value.strip().lower() not in PLACEHOLDERS
         and SECRET_NAME.search(name) is not None
     )
 

@@ -88,3 +88,14 @@ def test_a_count_named_like_tokens_is_not_masked(tmp_path: Path) -> None:
     scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
     shown = _command(scenario, str(scenario.runbook_path), "--check")
     assert "max_tokens: '4096'" in shown and "prompt_token_budget: 2048" in shown, shown
+
+
+def test_a_placeholder_key_is_no_secret() -> None:
+    """`api_key: EMPTY` (vLLM's docs) or `none` is what a local server takes where no key is
+    checked: masking it would put `****` wherever the word appears, and hides nothing."""
+    from ralph_runner.durable.redaction import secret_named
+
+    for placeholder in ("EMPTY", "none", "dummy", "not-needed"):
+        assert not secret_named("api_key", placeholder), placeholder
+    assert secret_named("api_key", "s3cr3tvalue")
+    assert secret_named("hf_token", "hf_notaplaceholder")
