@@ -86,8 +86,9 @@ KNOWN: tuple[Pattern, ...] = (
     # "API Error: Request rejected (429) · <the body's error.message>"; older ones print
     # "API Error: 429 {"type":"error","error":{"type":"rate_limit_error",...}}". The header
     # retry-after is not printed: a reset comes from the message's words (RESETS), else
-    # limits.default_wait
-    _p("claude", r"API Error:.{0,40}\b429\b|\brate_limit_error\b"),
+    # limits.default_wait. Only after "API Error:": a bare rate_limit_error is any agent's 429
+    # body (the http-429 patterns below)
+    _p("claude", r"API Error:.{0,40}\b429\b"),
     # codex (codex-rs): "You’ve hit your usage limit. Upgrade to Plus ..., or try again at
     # 3:04 PM." / "... Try again at Sep 5th, 2025 3:04 PM." / "... try again in 3 hours."
     _p("codex", rf"You[’']ve hit your usage limit.*try again at (?P<reset>{CLOCK})", "clock"),
