@@ -477,6 +477,27 @@ class ResumeSteps(Event):
     error: str | None
 
 
+# -- the run's setup and teardown (loop/lifecycle.py) ---------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockStep(Event):
+    NAME = "block-step"
+    block: Literal["setup", "teardown"]
+    step: str
+    skipped: str | None = field(default=None, metadata=IF_NONE)  # why its `when:` skipped it
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSteps(Event):
+    NAME = "block-steps"
+    block: Literal["setup", "teardown"]
+    ok: bool
+    ran: int
+    seconds: float
+    error: str | None
+
+
 # -- the fleet -------------------------------------------------------------------------------------
 
 
@@ -528,8 +549,8 @@ KINDS: dict[str, type[Event]] = {
         Limited, LimitedWait, IterationEnded, Interrupted, Summary, Warning, Death, Capture,
         Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed, Recovery, Recorder,
         Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep, PauseSteps, ResumeSteps,
-        Fleet, HostDone, HostSays, FleetSummary, WorkerStarted, WorkerLanded, WorkerConflict,
-        WorkerRetry,
+        BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary, WorkerStarted,
+        WorkerLanded, WorkerConflict, WorkerRetry,
     )
 }  # fmt: skip
 """Every event class by its --json name."""

@@ -3,7 +3,9 @@ terminal) or one JSON event per line; the one style of text for people."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -37,6 +39,7 @@ class Console:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._ticker: _Ticker | None = None
+        self.detached = False  # the stream could not be written: nothing is shown any more
 
     def on_event(self, event: events.Event) -> None:
         kind, fields = event.kind, event.json_fields()
@@ -50,7 +53,7 @@ class Console:
                     default=str,
                 )
             else:
-                shown = human_line(event, self._paint, self.verbose)
+                shown = human_line(_items_printable(event), self._paint, self.verbose)
                 if shown is None:
                     return
                 line = shown
@@ -60,7 +63,23 @@ class Console:
                 line = self._paint("dim", f"[{_clock(elapsed)}]") + " " + line
                 if self.colour:
                     line = "\r\033[K" + line  # over the ticker's line, if one is drawn
-            print(line, file=self.stream, flush=True)
+            self.write(line + "\n")
+
+    def write(self, text: str) -> None:
+        """`text` to the stream (under the lock). A stream that cannot be written any more (a
+        closed pipe, `ralph-run ... | head -3`; a terminal hung up, a dropped ssh or tmux
+        session) detaches the console: the run goes on and says nothing more here (its status,
+        history and death log keep what it does). The stream's descriptor then points at
+        /dev/null, so nothing else that writes to it (a flush at exit) fails either."""
+        if self.detached:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:  # EPIPE: the reader left; EIO: the terminal is gone
+            self.detached = True
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
     def _tick(self, step: str | None) -> None:
         """On a terminal, a live line under the log: the running step and its elapsed time."""
@@ -68,7 +87,7 @@ class Console:
             self._ticker.stop()
             self._ticker = None
         if step is not None:
-            self._ticker = _Ticker(self.stream, self._lock, self._paint("cyan", f"  … {step}"))
+            self._ticker = _Ticker(self.write, self._lock, self._paint("cyan", f"  … {step}"))
 
     def _paint(self, colour: str, text: str) -> str:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
@@ -113,8 +132,8 @@ class EventBus:
 class _Ticker:
     """Redraws one status line every second until stopped, then erases it."""
 
-    def __init__(self, stream: IO[str], lock: threading.Lock, label: str) -> None:
-        self.stream, self.lock, self.label = stream, lock, label
+    def __init__(self, write: Callable[[str], None], lock: threading.Lock, label: str) -> None:
+        self.write, self.lock, self.label = write, lock, label
         self.started = time.monotonic()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ticker", daemon=True)
@@ -124,15 +143,25 @@ class _Ticker:
         while not self.done.wait(1.0):
             with self.lock:
                 seconds = time.monotonic() - self.started
-                self.stream.write(f"\r\033[K{self.label} {_clock(seconds)}")
-                self.stream.flush()
+                self.write(f"\r\033[K{self.label} {_clock(seconds)}")
 
     def stop(self) -> None:
         self.done.set()
         self.thread.join()
         with self.lock:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+            self.write("\r\033[K")
+
+
+def _items_printable(event: events.Event) -> events.Event:
+    """`event` with its checklist items (text from a file) made printable for the console."""
+    found: dict[str, object] = {
+        name: printable(value)
+        for name in ("item", "previous_item")
+        if isinstance(value := getattr(event, name, None), str)
+    }
+    if isinstance(skipped := getattr(event, "skipped", None), list):
+        found["skipped"] = [printable(str(item)) for item in skipped]
+    return events.masked(event, found) if found else event
 
 
 def _clock(seconds: float) -> str:
@@ -276,6 +305,15 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
                 f"  resume steps failed: {e.error}; going on: the service is checked now, "
                 "and started if nothing listens",
             )
+        case events.BlockStep():  # the runbook's setup: and teardown: (loop/lifecycle.py)
+            if e.skipped:
+                return p("dim", f"  ⏭ {e.block} step: {e.step}: skipped ({e.skipped})")
+            return f"  {'🔑' if e.block == 'setup' else '🧹'} {e.block} step: {e.step}"
+        case events.BlockSteps():
+            if e.ok:
+                return p("green", f"  {e.block} steps done in {e.seconds:.1f}s")
+            then = "the run stops" if e.block == "setup" else "what setup holds may be held still"
+            return p("red", f"  {e.block} steps failed: {e.error}; {then}")
         case events.Limited():
             reset = "  no reset time given" if e.guessed else f"  it resets at {e.reset}"
             then = (
@@ -404,12 +442,23 @@ def step_ended(
     return f"exit {exit_code}"
 
 
-IRREGULAR = {"recovery": "recoveries"}
+IRREGULAR = {"recovery": "recoveries", "process": "processes"}
 
 
 def plural(count: object, noun: str) -> str:
     """A count with its noun: "1 death", "3 deaths", "2 recoveries", "? attempts"."""
     return f"{count} {noun if count == 1 else IRREGULAR.get(noun, noun + 's')}"
+
+
+# C0 controls but tab and newline, DEL and C1: what can move a terminal's cursor or start an
+# escape sequence, shown as \xNN instead (an item, a status line, a loop's output in `top`)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: its control characters (ESC, CR, BEL...; not tab or newline)
+    written as `\\x1b`, so text from a checklist or a file never drives the terminal."""
+    return text.translate(_CONTROLS)
 
 
 def shorten(text: str, width: int) -> str:

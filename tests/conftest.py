@@ -34,11 +34,17 @@ UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer ru
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
     "test_limit_patterns", "test_no_mirror_hosts", "test_json_events", "test_iteration",
-    "test_status_file", "test_typed_files",
+    "test_status_file", "test_typed_files", "test_claude_limits",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
-SSH_MODULES = {"test_remote", "test_fleet_status", "test_deploy"}
+SSH_MODULES = {
+    "test_remote",
+    "test_fleet_status",
+    "test_deploy",
+    "test_remote_paths",
+    "test_host_keys",
+}
 # The tiers that need an install, and which of their tests need it (its real binary): "all", or
 # "marked": only a test that carries the tier's marker itself (its module's pytestmark, a
 # parameter's marks); the rest of such a tier (test_real_faithful's [stand-in] halves, the

@@ -126,8 +126,11 @@ def _render(p: plan.Plan) -> dict[str, object]:
         },
         "recorder": _recorder(p, problems),
     }
-    for block, specs in (("pause", p.runbook.pause_steps), ("resume", p.runbook.resume_steps)):
-        if specs:  # run on the target at a pause and at its resume (loop/pause.py)
+    blocks = [("pause", p.runbook.pause_steps), ("resume", p.runbook.resume_steps)]
+    blocks += [("setup", p.runbook.setup_steps), ("teardown", p.runbook.teardown_steps)]
+    for block, specs in blocks:
+        if specs:  # run on the target at a pause, its resume (loop/pause.py), the run's start
+            # and its end (loop/lifecycle.py)
             result[block] = each(specs, target, {**variables, "phase": block})
     try:
         result.update(_followers(p))
@@ -181,6 +184,7 @@ def _registered(p: plan.Plan) -> set[str]:
     runbook = p.runbook
     specs = [*runbook.loop_steps, *runbook.collectors, *runbook.recovery_steps]
     specs += [*runbook.pause_steps, *runbook.resume_steps]
+    specs += [*runbook.setup_steps, *runbook.teardown_steps]
     return {spec.task.register_ for spec in specs if spec.task.register_}
 
 

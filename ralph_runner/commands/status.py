@@ -19,6 +19,7 @@ from ralph_runner.commands import options
 from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
+from ralph_runner.output import printable
 from ralph_runner.runbook import plan
 from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import (
@@ -61,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(shown, ensure_ascii=False, sort_keys=True))
     else:
-        print("\n".join(human_lines(shown)))
+        print(printable("\n".join(human_lines(shown))))
     return 0
 
 
@@ -72,7 +73,7 @@ def fleet_main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, sort_keys=True))
     else:
-        print("\n".join(fleet_status.table(rows)))
+        print(printable("\n".join(fleet_status.table(rows))))
     return ExitCode.PARTIAL if any("error" in row for row in rows) else 0
 
 

@@ -303,7 +303,8 @@ class View:
         relative = f"{STATE_DIR}/{REPORT}"
         if loop.conn is not None:
             command = (
-                f"cd {view.remote_path(loop.workdir)} && if command -v ralph-run >/dev/null 2>&1;"
+                f"cd {connection.remote_path(loop.workdir)} &&"
+                " if command -v ralph-run >/dev/null 2>&1;"
                 f" then ralph-run report . -o {relative}; else python3 -m ralph_runner report ."
                 f" -o {relative}; fi"
             )

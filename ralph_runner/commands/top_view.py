@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +32,7 @@ from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
 from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.loop import pause as pause_control
 from ralph_runner.loop.state import LastFailure, State
+from ralph_runner.output import printable
 from ralph_runner.process import connection
 from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR, STATE_FILE
@@ -123,7 +123,7 @@ def read_remote(
     where = f"{workdir.rstrip('/')}/{STATE_DIR}"
     ring = REMOTE_RING.format(directory=DIRECTORY, glob=SEGMENT_GLOB, bytes=REMOTE_RING_BYTES)
     command = REMOTE.format(
-        dir=remote_path(where),
+        dir=connection.remote_path(where),
         sep=SEP,
         lines=HISTORY_TAIL,
         history=HISTORY_FILE,
@@ -157,11 +157,6 @@ def read_remote(
     state = _object("\n".join(parts[1]))
     ring_text = "\n".join(parts[3]) if detailed else None
     return _reading(checked, state, "\n".join(parts[2]), ring_text)
-
-
-def remote_path(path: str) -> str:
-    """A path as one word of a remote shell command; `~/...` stays under the remote home."""
-    return f'"$HOME"/{shlex.quote(path[2:])}' if path.startswith("~/") else shlex.quote(path)
 
 
 def _reading(
@@ -398,7 +393,7 @@ def iterations(lines: list[JSONObject], rows: int) -> RenderableType:
             _tokens(line),
             str(commit)[:7] if commit else "-",
             changed,
-            str(line.get("item", "")),
+            Text(printable(str(line.get("item", "")))),
         )
     return table
 
@@ -426,7 +421,7 @@ def output_lines(reading: LoopReading | None, rows: int) -> list[Text]:
         return [Text("  output: reading...")]
     failure = reading.failure
     if failure and failure["output_tail"].strip():
-        title = f"  last failed attempt's output ({failure['item']}):"
+        title = f"  last failed attempt's output ({printable(failure['item'])}):"
         text = failure["output_tail"].splitlines()
     elif reading.log:
         title, text = "  server log (recorder):", reading.log
@@ -434,7 +429,9 @@ def output_lines(reading: LoopReading | None, rows: int) -> list[Text]:
         return [Text("  output: none recorded (no failed attempt, no recorder log)")]
     shown = [Text(title, no_wrap=True, overflow="ellipsis")]
     for line in text[-(rows - 1) :] if rows > 1 else []:
-        shown.append(Text("    " + line.expandtabs(4), no_wrap=True, overflow="ellipsis"))
+        shown.append(
+            Text("    " + printable(line.expandtabs(4)), no_wrap=True, overflow="ellipsis")
+        )
     return shown
 
 
@@ -449,7 +446,8 @@ def last_death_text(status: CheckedStatus) -> str:
 
 
 def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
-    """The loops' table; each row is (name, cells, style)."""
+    """The loops' table; each row is (name, cells, style). Every cell is plain text: an item
+    such as "fix [/bold] route" is shown as it is, never read as rich markup."""
     grid = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
     grid.add_column("loop", no_wrap=True, max_width=12, overflow="ellipsis")
     grid.add_column("state", no_wrap=True, max_width=16, overflow="ellipsis")
@@ -460,7 +458,7 @@ def table(rows: list[tuple[str, list[str], str | None]]) -> Table:
     grid.add_column("deaths", justify="right", no_wrap=True)
     grid.add_column("d/t/s", no_wrap=True)
     for name, row_cells, style in rows:
-        grid.add_row(name, *row_cells, style=style)
+        grid.add_row(*(Text(printable(cell)) for cell in (name, *row_cells)), style=style)
     return grid
 
 
@@ -473,7 +471,7 @@ def details(
 ) -> list[RenderableType]:
     """Under the table, in `budget` lines (None: no limit): the selected loop's engine
     sparklines, its last iterations and its last output."""
-    parts: list[RenderableType] = [Text(title, no_wrap=True, overflow="ellipsis")]
+    parts: list[RenderableType] = [Text(printable(title), no_wrap=True, overflow="ellipsis")]
     if reading is None or reading.status is None:
         return [*parts, Text(f"  {reading.error if reading else 'reading...'}")]
     engine = engine_lines(detailed.samples if detailed else None, width)

@@ -1,13 +1,16 @@
-"""Files that survive crashes: atomic replacement and durable appends.
+"""Files that survive crashes: atomic replacement and durable appends; ralph-run's own
+directory (`.ralph/`), private to its user, whose files are never opened through a symlink.
 
 Readers and a kill -9 see a replaced file's old or new bytes, never half of them; an append is
-one O_APPEND write, fsynced, that a full disk cuts back instead of leaving torn.
+one O_APPEND write, fsynced, that a full disk cuts back instead of leaving torn. Files ralph-run
+creates are 0600: they hold server logs, prompts and the output of agents.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -15,22 +18,47 @@ from ralph_runner.errors import FatalError, Problem
 
 TEMP_SUFFIX = ".ralph-tmp"
 _write_lock = threading.Lock()  # one fixed temp name per target: writers in one process take turns
+PRIVATE_FILE = 0o600  # the mode of a file ralph-run creates
+PRIVATE_DIRECTORY = 0o700  # the mode of .ralph/
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def state_directory(path: Path) -> Path:
+    """`path` (the workdir's `.ralph/`) made or kept private: created 0700, an existing one of
+    ours narrowed to 0700; FatalError when it is a symlink, not a directory, or another user's
+    (whoever can write in it could make the next run kill any pid through running.json)."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, PRIVATE_DIRECTORY)
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            why = "is a symlink or a file, not a directory of ralph-run's own: remove it"
+            raise FatalError(Problem(why, str(path)))
+        if info.st_uid != os.getuid():
+            why = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+            raise FatalError(Problem(why, str(path)))
+        if stat.S_IMODE(info.st_mode) != PRIVATE_DIRECTORY:
+            os.chmod(path, PRIVATE_DIRECTORY, follow_symlinks=False)
+    except OSError as e:
+        raise FatalError(Problem(f"cannot create: {e.strerror}", str(path))) from None
+    return path
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, follow: bool = True) -> None:
     """Replace `path` with `data` so that readers and crashes see the old or the new bytes only;
     FatalError naming the file when it cannot be written (no space, no permission). `durable`
     also fsyncs, so that the new bytes survive a power loss, not only a crash of ralph-run.
 
     The temp file's name is fixed per target (`.NAME.ralph-tmp`), so a crash leaves at most one
     behind, the next write reuses it, and `git.exclude_from_git` keeps it out of `git status`.
-    A symlink is followed (its target is replaced) and an existing file keeps its mode.
+    A symlink is followed (its target is replaced; `follow=False`, for ralph-run's own files:
+    the link itself is replaced), an existing file keeps its mode, a new one is 0600.
     """
-    target = Path(os.path.realpath(path))
+    target = Path(os.path.realpath(path)) if follow else Path(os.path.abspath(path))
     temp = target.with_name(f".{target.name}{TEMP_SUFFIX}")
     with _write_lock:
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            fd = os.open(temp, flags, PRIVATE_FILE)
             try:
                 with contextlib.suppress(FileNotFoundError):
                     os.fchmod(fd, os.stat(target).st_mode & 0o7777)
@@ -69,7 +97,7 @@ def append_durably(path: Path, text: str) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
     try:
         data = text.encode("utf-8")
         size = os.fstat(fd).st_size

@@ -33,7 +33,7 @@ class Appender:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # server logs
         self.size = os.fstat(self.fd).st_size
         # a torn last line (a writer killed mid-write) must not fuse with the next entry
         self._fresh_line = bool(self.size) and os.pread(self.fd, 1, self.size - 1) != b"\n"

@@ -1,4 +1,5 @@
-"""Secrets masked in every file and stream: a runbook's `secrets:` values and tokens by shape."""
+"""Secrets masked in every file and stream: a runbook's `secrets:` values, the values of
+variables named like secrets, tokens and URL credentials by shape."""
 
 from __future__ import annotations
 
@@ -17,6 +18,28 @@ TOKEN_PATTERNS = (
     r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])",  # AWS access key ids
 )
 BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])(bearer\s+)[A-Za-z0-9._~+/-]+=*")
+# A URL's credentials: the password of `scheme://user:password@host` (the user stays), and the
+# whole userinfo of `https://TOKEN@host` (a token as the user name, as git hosts take it).
+URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+(?=@)")
+URL_TOKEN = re.compile(r"(?i)(\bhttps?://)[^/\s:@]+(?=@)")
+# A variable whose name says it holds a secret (`api_key`, `hfkey`, `hf_token`, `db_password`,
+# `client_secret`, `credentials`): its value is masked as if `secrets:` listed it. `tokens`
+# (plural: `max_tokens`) is a count, not a secret.
+SECRET_NAME = re.compile(r"(?i)(key$|token(?!s)|passw(or)?d|secret|credential)")
+# The words local servers take where a key is required but none is checked (vLLM's docs use
+# EMPTY, Claude Code's recipe none): no secret, and masking them would garble every report.
+PLACEHOLDERS = frozenset({"empty", "none", "null", "dummy", "no-key", "not-needed"})
+
+
+def secret_named(name: str, value: object) -> bool:
+    """A variable that holds a secret by its name: a text value (not a number) of a name shaped
+    like a secret's."""
+    return (
+        isinstance(value, str)
+        and not value.strip().replace(".", "", 1).isdigit()
+        and value.strip().lower() not in PLACEHOLDERS
+        and SECRET_NAME.search(name) is not None
+    )
 
 
 class Redactor:
@@ -30,7 +53,8 @@ class Redactor:
         self._pattern = re.compile("|".join([*(re.escape(v) for v in values), *TOKEN_PATTERNS]))
 
     def text(self, s: str) -> str:
-        return BEARER.sub(r"\g<1>" + MASK, self._pattern.sub(MASK, s))
+        s = BEARER.sub(r"\g<1>" + MASK, self._pattern.sub(MASK, s))
+        return URL_TOKEN.sub(r"\g<1>" + MASK, URL_PASSWORD.sub(r"\g<1>" + MASK, s))
 
     def data(self, obj: Any, *, keys: bool = False) -> Any:
         """Every string in nested data masked; `keys` too (the state keeps strikes by item

@@ -43,7 +43,7 @@ class Answer(TypedDict):
 
 def command(action: str, workdir: str, now: bool = False) -> str:
     """The shell that pauses or resumes the loop of `workdir` on its host."""
-    quoted = workdir if workdir.startswith("~/") else shlex.quote(workdir)
+    quoted = connection.remote_path(workdir)
     template = PAUSE if action == "pause" else RESUME
     text = shlex.quote(pause.request_text(now)) if action == "pause" else ""
     return template.format(dir=quoted, state=STATE_DIR, name=pause.CONTROL, text=text, now=int(now))

@@ -11,7 +11,6 @@ variable `ralph_workdir` that the deploy playbook sets.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,9 +97,7 @@ def read_one(host: str, conn: connection.Connection, workdir: str, timeout: floa
     started = time.monotonic()
     status_path = f"{workdir.rstrip('/')}/{STATE_DIR}/{STATUS_FILE}"
     pause_file = f"{workdir.rstrip('/')}/{STATE_DIR}/{pause.CONTROL}"
-    quoted, pause_quoted = (
-        path if path.startswith("~/") else shlex.quote(path) for path in (status_path, pause_file)
-    )
+    quoted, pause_quoted = (connection.remote_path(path) for path in (status_path, pause_file))
     result = conn.shell(READ_STATUS.format(file=quoted, pause=pause_quoted), timeout=timeout)
     seconds = round(time.monotonic() - started, 3)
     if result.timed_out:

@@ -76,9 +76,19 @@ def _p(source: str, regex: str, reset: ResetKind = "none") -> Pattern:
 KNOWN: tuple[Pattern, ...] = (
     # claude -p: "Claude AI usage limit reached|1764612000" (the reset's epoch), exit 1
     _p("claude", r"Claude AI usage limit reached\|(?P<reset>\d{9,13})", "epoch"),
-    # claude code's newer wording, from its users' reports (not checked against a binary):
-    # "5-hour limit reached ∙ resets 3pm (Europe/London)", "You've hit your limit · resets 3pm"
+    # claude code's newer wordings, from its users' reports (the binary builds them from parts):
+    # "5-hour limit reached ∙ resets 3pm (Europe/London)", "You've hit your limit · resets 10pm
+    # (America/New_York)", "Claude usage limit reached. Your limit will reset at 3pm
+    # (Europe/London)."; the zone named is the one the time is in
     _p("claude", rf"(?:limit reached|hit your limit)\s*\W\s*resets (?P<reset>{CLOCK})", "clock"),
+    _p("claude", rf"limit reached\b.*\bwill reset at (?P<reset>{CLOCK})", "clock"),
+    # claude code 2.1.332 once its retries are spent on a 429 (checked against the binary):
+    # "API Error: Request rejected (429) · <the body's error.message>"; older ones print
+    # "API Error: 429 {"type":"error","error":{"type":"rate_limit_error",...}}". The header
+    # retry-after is not printed: a reset comes from the message's words (RESETS), else
+    # limits.default_wait. Only after "API Error:": a bare rate_limit_error is any agent's 429
+    # body (the http-429 patterns below)
+    _p("claude", r"API Error:.{0,40}\b429\b"),
     # codex (codex-rs): "You’ve hit your usage limit. Upgrade to Plus ..., or try again at
     # 3:04 PM." / "... Try again at Sep 5th, 2025 3:04 PM." / "... try again in 3 hours."
     _p("codex", rf"You[’']ve hit your usage limit.*try again at (?P<reset>{CLOCK})", "clock"),

@@ -8,11 +8,15 @@ path, query, headers but the hop-by-hop ones, body) to the real base URL and pas
 response back as it comes, chunk by chunk (a server-sent event stream is flushed chunk by chunk,
 its bytes untouched), and counts from what went through:
 
-- `usage` of a JSON body (chat/completions: `prompt_tokens`/`completion_tokens`, responses:
-  `input_tokens`/`output_tokens`); in a stream the last `usage` seen (the final chunk of
-  `stream_options.include_usage`, a responses stream's `response.completed`);
+- `usage` of a JSON body (chat/completions: `prompt_tokens`/`completion_tokens`, responses and
+  Anthropic's Messages API: `input_tokens`/`output_tokens`, the Messages API's cache reads and
+  writes counted as prompt tokens, as the engine counts them); in a stream the last `usage`
+  seen (the final chunk of `stream_options.include_usage`, a responses stream's
+  `response.completed`, a Messages stream's `message_delta`, whose input tokens, when it leaves
+  them out as Anthropic's API does, are `message_start`'s);
 - a stream with no `usage`: its content pieces (`choices[].delta.content`, `choices[].text`,
-  `response.output_text.delta`) as a lower bound of the generated tokens, and `estimated`;
+  `response.output_text.delta`, a Messages `content_block_delta`) as a lower bound of the
+  generated tokens, and `estimated`;
 - time to the first byte of the body and to the first token (a stream's first content piece),
   and the time from the first token to the end (generation).
 
@@ -172,7 +176,12 @@ class Counting:
         usage = _usage(chunk)
         if usage is None and isinstance(chunk.get("response"), dict):
             usage = _usage(chunk["response"])  # responses: response.completed
+        if usage is None and isinstance(chunk.get("message"), dict):
+            usage = _usage(chunk["message"])  # messages: message_start
         if usage is not None:
+            said = chunk.get("usage")
+            if isinstance(said, dict) and "input_tokens" not in said and self.usage is not None:
+                usage["prompt"] = self.usage["prompt"]  # Anthropic's message_delta: output only
             self.usage = usage
         pieces = _pieces(chunk)
         if pieces:
@@ -189,13 +198,21 @@ def _usage(body: dict[str, Any]) -> dict[str, Any] | None:
     generated = usage.get("completion_tokens", usage.get("output_tokens"))
     if not isinstance(prompt, int) and not isinstance(generated, int):
         return None
-    return {"prompt": prompt if isinstance(prompt, int) else 0, "generated": generated or 0}
+    prompt = prompt if isinstance(prompt, int) else 0
+    if "input_tokens" in usage:  # the Messages API leaves cached prompt tokens out of it
+        for cached in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            prompt += usage[cached] if isinstance(usage.get(cached), int) else 0
+    return {"prompt": prompt, "generated": generated or 0}
 
 
 def _pieces(chunk: dict[str, Any]) -> int:
     """Content pieces in one stream chunk: each one token at least."""
     if chunk.get("type") == "response.output_text.delta":
         return 1 if chunk.get("delta") else 0
+    if chunk.get("type") == "content_block_delta":  # messages: text, tool input, thinking
+        delta = chunk.get("delta")
+        pieces = ("text", "partial_json", "thinking")
+        return 1 if isinstance(delta, dict) and any(delta.get(key) for key in pieces) else 0
     choices = chunk.get("choices")
     if not isinstance(choices, list):
         return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -20,10 +21,10 @@ from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Inter
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, housekeeping, idle, pause, proxy, state
+from ralph_runner.loop import failures, housekeeping, idle, lifecycle, pause, proxy, state
 from ralph_runner.loop import workers as workers_pool
 from ralph_runner.loop.iteration import Iteration, step_entry
-from ralph_runner.output import EventBus
+from ralph_runner.output import EventBus, plural
 from ralph_runner.process import execute, orphans, output_text
 from ralph_runner.runbook import preflight, tasks
 from ralph_runner.runbook.loader import TaskSpec
@@ -56,7 +57,7 @@ class Runner:
         self.ignore = _housekeeping_patterns(plan)
         self.in_repo = False
         self.known: git.Snapshot | None = None  # the work tree after the last iteration, if known
-        self._partial_line = ""
+        self._output_lines = output_text.Lines()  # -v: the step's output as it arrives
         self.signals = execute.InterruptsRaise()
         # The checklist's counts for status.json and death records, read again only after
         # something that can change the file ran (a process step, a recovery, a skip).
@@ -67,6 +68,7 @@ class Runner:
         self._bound_shown: int | None = None  # the hang bound's whole seconds in status.json
         self.pause = pause.Pause(self)  # `ralph-run pause`: held at the iteration boundary
         bus.follow(self.pause)
+        self.lifecycle = lifecycle.Lifecycle(self)  # the runbook's `setup:` and `teardown:`
 
     # -- the run --------------------------------------------------------------
     def run(self) -> int:
@@ -113,6 +115,7 @@ class Runner:
             # need not walk it again and again (its oldest generation took ~0.6 ms an iteration).
             gc.freeze()
             try:
+                self.lifecycle.setup()  # before the first health check: acquire, then start
                 code = self._loop()
                 state.move(self.state, "finished" if code == ExitCode.DONE else "stopped")
                 return code
@@ -138,6 +141,7 @@ class Runner:
                 state.move(self.state, "crashed")
                 raise
             finally:
+                self.lifecycle.teardown()  # once, whatever the end (a kill -9: the next run)
                 health.close()
                 self.state.phase = None
                 self.save()
@@ -261,8 +265,15 @@ class Runner:
         watch_every = self.model.health.watch if self.plan.runbook.probes else 0
         if spec.kind in UNWATCHED:
             watch_every = 0
-        with Watch(self.health, watch_every, self.state.iteration, self._show_bound) as watch:
+        with (
+            Watch(self.health, watch_every, self.state.iteration, self._show_bound) as watch,
+            # an agent's work leaves nothing running (a recovery's server must outlive its step)
+            execute.swept() if spec.kind not in UNWATCHED else contextlib.nullcontext() as swept,
+        ):
             result = tasks.run(spec, group, variables, watch.cancel)
+        if swept is not None and swept.killed:
+            left = plural(len(swept.killed), "process")
+            self.bus.warn(f"{spec.name} left {left} running: killed {', '.join(swept.killed)}")
         if spec.kind not in UNWATCHED:
             self._counts = None  # the agent may have ticked its item
         self.signals.raise_pending()  # the step was killed by a signal: no strike for it
@@ -297,15 +308,12 @@ class Runner:
     def _show_output(self, text: str) -> None:
         """`-v`: the step's output, a line at a time (it arrives in arbitrary chunks), without
         the escape codes that would garble a log file or move a terminal's cursor."""
-        *lines, self._partial_line = (self._partial_line + text).split("\n")
-        for line in lines:
-            self.bus.emit(events.Output(step=self.state.phase, text=output_text.clean(line)))
+        for line in self._output_lines.feed(text):  # a line over 64 KiB comes in cut pieces
+            self.bus.emit(events.Output(step=self.state.phase, text=line))
 
     def _flush_output(self) -> None:
-        if self._partial_line:
-            text = output_text.clean(self._partial_line)
-            self.bus.emit(events.Output(step=self.state.phase, text=text))
-            self._partial_line = ""
+        if (last := self._output_lines.end()) is not None:
+            self.bus.emit(events.Output(step=self.state.phase, text=last))
 
     # -- what the runbook's actions call ---------------------------------------
     def ensure_alive(self, phase: str, context: dict[str, object]) -> TaskResult:
@@ -416,6 +424,8 @@ class Runner:
         }
         if self.pool is not None:
             status["workers"] = self.pool.statuses()
+        if (blocks := self.lifecycle.fields()) is not None:
+            status["lifecycle"] = blocks
         if counts is not None:  # none: the checklist was never read
             status["done"], status["todo"], status["skipped"] = (
                 counts.done,

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from ralph_runner.durable import files
 from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import ExitCode, FatalError, Problem
+from ralph_runner.process import private_dir
 from ralph_runner.workspace import json_records, status_file
 from ralph_runner.workspace.state_files import (
     STATE_DIR,
@@ -245,8 +247,8 @@ class Store:
         an agent left running by a killed ralph-run does not keep the workdir locked.
         """
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            files.state_directory(self.dir)  # 0700, ours: no one else plants a file in it
+            fd = private_dir.open_private(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             raise FatalError(Problem(f"cannot lock: {e.strerror}", str(self.lock_path))) from None
         try:

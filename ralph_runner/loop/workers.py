@@ -12,6 +12,7 @@ Service, the event bus) are shared, behind `lock` and the Service's own serializ
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, idle, pause, proxy
 from ralph_runner.loop.iteration import Iteration, step_entry
+from ralph_runner.output import plural
 from ralph_runner.process import execute, output_text
 from ralph_runner.runbook import tasks
 from ralph_runner.workspace import checklist, git, worktrees
@@ -99,18 +101,16 @@ class AttemptRun:
         self.workdir, self.checklist_path = workdir, checklist_path
         self.in_repo = True
         self.limited_since: float | None = None
-        self._partial = ""  # `-v`: the step's output after its last newline
+        self._lines = output_text.Lines()  # `-v`: a line over 64 KiB comes in cut pieces
 
     def show_output(self, text: str) -> None:
         """`-v`: the attempt's step output, a line at a time, escape codes left out."""
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            self.bus.emit(events.Output(step=self.attempt.phase, text=output_text.clean(line)))
+        for line in self._lines.feed(text):
+            self.bus.emit(events.Output(step=self.attempt.phase, text=line))
 
     def flush_output(self) -> None:
-        if self._partial:
-            text, self._partial = output_text.clean(self._partial), ""
-            self.bus.emit(events.Output(step=self.attempt.phase, text=text))
+        if (last := self._lines.end()) is not None:
+            self.bus.emit(events.Output(step=self.attempt.phase, text=last))
 
     def save(self, status_only: bool = False) -> None:
         self.pool.runner.save(status_only)
@@ -336,13 +336,20 @@ class Pool:
         if spec.kind in UNWATCHED:
             every = 0
         number = attempt.iteration.number if attempt.iteration else 0
-        with Watch(runner.health, every, number) as watch:
+        with (
+            Watch(runner.health, every, number) as watch,
+            # an agent's work leaves nothing running (the sweep's marker is this thread's)
+            execute.swept() if spec.kind not in UNWATCHED else contextlib.nullcontext() as swept,
+        ):
             with self.lock:
                 attempt.step_cancel = watch.cancel
                 if attempt.killed.is_set():
                     watch.cancel.set()
             result = tasks.run(spec, group, variables, watch.cancel)
             attempt.step_cancel = None
+        if swept is not None and swept.killed:
+            left = plural(len(swept.killed), "process")
+            runner.bus.warn(f"{spec.name} left {left} running: killed {', '.join(swept.killed)}")
         status = "ok"
         if not result.ok:
             status = failures.status_text(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.process import execute
+from ralph_runner.process import execute, host_keys
 from ralph_runner.process.private_dir import private_directory
 
 CONNECTION_KINDS = ("local", "ssh")
@@ -136,14 +136,19 @@ class Ssh:
         env: Mapping[str, str] | None = None,
         **options,
     ) -> execute.Result:
-        remote = remote_command(argv, cwd=cwd)
-        return execute.run(
-            self.client_argv(remote),
+        client = self.client_argv(remote_command(argv, cwd=cwd))
+        destination = client[1:-1]  # the options and the host, without the remote line
+        unknown = host_keys.before(destination)  # a first contact is said (accept-new)
+        result = execute.run(
+            client,
             hold_stdin=True,  # the remote wrapper's lifeline
             stdin_first=environment_of(env),  # never on a command line: `ps` shows those
             display=f"{self.name}: {display}",
             **options,
         )
+        if unknown is not None:
+            host_keys.after(destination, unknown)
+        return result
 
     def client_argv(self, remote: str) -> list[str]:
         """The local ssh command line. The operator's own options come first: ssh keeps the
@@ -151,7 +156,7 @@ class Ssh:
         argv = ["ssh", *self.options]
         for option in (
             "BatchMode=yes",  # never prompt: a password prompt would hang a collector
-            "StrictHostKeyChecking=accept-new",
+            "StrictHostKeyChecking=accept-new",  # a new host's key is taken, and said: host_keys
             f"ConnectTimeout={self.connect_timeout}",
             "LogLevel=ERROR",  # no "Permanently added ..." warnings in a command's output
             *reuse_options(),
@@ -195,7 +200,7 @@ def remote_command(argv: list[str], *, cwd: str | os.PathLike | None) -> str:
     words = ["exec", "bash", "-c", shlex.quote(_REMOTE_WRAPPER), "ralph-run"]
     words += [shlex.quote(word) for word in argv]
     line = " ".join(words)
-    return f"cd {_remote_path(os.fspath(cwd))} && {line}" if cwd is not None else line
+    return f"cd {remote_path(os.fspath(cwd))} && {line}" if cwd is not None else line
 
 
 def environment_of(env: Mapping[str, str] | None) -> bytes:
@@ -206,7 +211,9 @@ def environment_of(env: Mapping[str, str] | None) -> bytes:
     return b"".join(pairs) + b"\0"
 
 
-def _remote_path(path: str) -> str:
+def remote_path(path: str) -> str:
+    """A path as one word of a remote shell line; a leading `~/` stays the remote user's home
+    (`~/'x$(touch /tmp/p)'`: the rest quoted). Every remote line ralph-run builds uses it."""
     if path == "~":
         return "~"
     if path.startswith("~/"):

@@ -8,8 +8,9 @@ shutdown the whole tree is killed (kill.py), TERM first, then KILL.
 
 When ralph-run itself dies, even by `kill -9`, its commands die with it (tree_guard_pipe.py).
 The running commands are registered (registry.py) for `kill_all` and for the next run;
-SIGINT and SIGTERM kill them all and raise Interrupted (signals.py). This module gives the
-names its callers use of all four: run, shell, kill_tree, kill_all, tree_guard, InterruptsRaise.
+SIGINT and SIGTERM kill them all and raise Interrupted (signals.py). What a step's commands
+leave running is killed when the step ends (leftovers.py, `swept`). This module gives the names
+its callers use: run, shell, kill_tree, kill_all, tree_guard, InterruptsRaise, swept.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any, Protocol
 
 import sh
 
-from ralph_runner.process import registry
+from ralph_runner.process import leftovers, registry
 from ralph_runner.process.kill import kill_tree
+from ralph_runner.process.leftovers import swept
 from ralph_runner.process.registry import Running, kill_all
 from ralph_runner.process.signals import InterruptsRaise
 from ralph_runner.process.tree_guard_pipe import dies_with, guard, tree_guard
@@ -44,6 +46,7 @@ __all__ = [
     "kill_tree",
     "run",
     "shell",
+    "swept",
     "tree_guard",
 ]
 
@@ -119,7 +122,9 @@ def run(
     """
     command = display if display is not None else shlex.join(argv)
     started = time.monotonic()
-    full_env = {**os.environ, **{k: str(v) for k, v in env.items()}} if env else None
+    # a step that sweeps what it leaves running marks its commands (leftovers.py)
+    added = {**{k: str(v) for k, v in (env or {}).items()}, **leftovers.marker()}
+    full_env = {**os.environ, **added} if added else None
 
     def cannot_start(reason: str) -> Result:
         return Result(
@@ -158,6 +163,8 @@ def run(
             running = _start(program, argv[1:], cwd, full_env, stdin, lifeline, pipe_in)
         except (sh.ForkException, OSError) as error:
             return cannot_start(f"cannot start {command}: {_last_line(str(error))}")
+        else:
+            leftovers.started(running.pid)
         finally:
             os.close(pipe_in)
             if lifeline is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ralph_runner.process import registry, tree_guard
 from ralph_runner.process.kill import kill_tree
+from ralph_runner.process.private_dir import open_private
 
 FILE = "running.json"
 
@@ -40,9 +41,15 @@ def recorded(state_dir: Path) -> Iterator[None]:
 
 
 def clear(path: Path) -> None:
-    """Kill every recorded process tree that is still the one recorded."""
+    """Kill every recorded process tree that is still the one recorded. The file is read only
+    when it is a file of ours, not a symlink (FatalError): a planted one would choose the pids."""
     try:
-        entries = json.loads(path.read_text())
+        fd = open_private(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "rb") as file:
+            entries = json.loads(file.read())
     except (OSError, ValueError):
         return
     for entry in entries if isinstance(entries, list) else []:
@@ -58,7 +65,7 @@ class _Record:
     Nothing is fsynced: a power cut leaves no process to clear."""
 
     def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         self.size = 0
 
     def write(self, pids: list[int]) -> None:

@@ -60,3 +60,31 @@ def explaining_line(text: str) -> str | None:
     real = [line for line in candidates if not any(w in line.lower() for w in _WRAPPERS)]
     chosen = real or candidates
     return chosen[0] if chosen else None
+
+
+LINE_CAP = 64 * 1024  # characters of a line without its newline kept before it is shown cut
+CUT_MARK = " [cut: a line over 64 KiB]"
+
+
+class Lines:
+    """A command's output, arriving in chunks, as its lines (`-v` shows them one at a time). The
+    pending line without a newline is bounded: at LINE_CAP characters it is given as a line
+    marked cut, and the rest of it follows in the same way, so an 80 MB line (or a progress bar
+    drawn with `\\r` for hours) costs linear time and LINE_CAP of memory."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def feed(self, text: str) -> list[str]:
+        """The lines `text` completes (each as `clean` shows it), cut ones marked."""
+        *lines, self.pending = (self.pending + text).split("\n")
+        found = [clean(line) for line in lines]
+        while len(self.pending) >= LINE_CAP:
+            found.append(clean(self.pending[:LINE_CAP]) + CUT_MARK)
+            self.pending = self.pending[LINE_CAP:]
+        return found
+
+    def end(self) -> str | None:
+        """The last line, without its newline (None: there is none); the next feed starts anew."""
+        pending, self.pending = self.pending, ""
+        return clean(pending) if pending else None

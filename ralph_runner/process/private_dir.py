@@ -10,9 +10,12 @@ symlink) that belongs to us and that no one else may enter or write.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
+
+from ralph_runner.errors import FatalError, Problem
 
 
 class UnsafeDirectory(OSError):
@@ -33,3 +36,15 @@ def private_directory(path: Path) -> Path:
         mode = stat.S_IMODE(info.st_mode)
         raise UnsafeDirectory(f"{path} is open to other users (mode {mode:04o}, not 0700)")
     return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open of one of ralph-run's own files: never through a symlink (FatalError saying so),
+    created 0600, not inherited by children. Other OSErrors are the caller's."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        why = "is a symlink: ralph-run never follows one among its own files; remove it"
+        raise FatalError(Problem(why, str(path))) from None

@@ -1,5 +1,5 @@
 """SIGINT and SIGTERM during a run: the commands' trees killed, then Interrupted raised in the
-main thread, so that the run saves its state on the way out."""
+main thread, so that the run saves its state on the way out. SIGHUP is no stop: the run goes on."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class InterruptsRaise:
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for signum in self.previous:
             signal.signal(signum, self._raise)
+        self.previous_hangup = signal.signal(signal.SIGHUP, _hung_up)
 
     def _raise(self, signum: int, frame: object) -> None:
         for s in self.previous:  # a second signal must not interrupt the clean-up
@@ -47,3 +48,10 @@ class InterruptsRaise:
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+        signal.signal(signal.SIGHUP, self.previous_hangup)
+
+
+def _hung_up(signum: int, frame: object) -> None:
+    """SIGHUP: the terminal went away (a dropped ssh or tmux session), not the operator asking
+    to stop. The run goes on, as under nohup; the console detaches at its next write (EIO).
+    A handler, not SIG_IGN: the commands the run starts get the default back at exec."""

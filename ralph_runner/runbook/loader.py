@@ -86,6 +86,9 @@ class LoadedRunbook:
     # `pause:` and `resume:` (loop/pause.py): tasks as recovery steps are, run at a pause
     pause_steps: list[TaskSpec] = field(default_factory=list)
     resume_steps: list[TaskSpec] = field(default_factory=list)
+    # `setup:` and `teardown:` (loop/lifecycle.py): run at the run's start and at its end
+    setup_steps: list[TaskSpec] = field(default_factory=list)
+    teardown_steps: list[TaskSpec] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -122,6 +125,8 @@ def load(path: str | Path) -> LoadedRunbook:
         ],
         pause_steps=expand(model.pause, ("pause",)),
         resume_steps=expand(model.resume, ("resume",)),
+        setup_steps=expand(model.setup, ("setup",)),
+        teardown_steps=expand(model.teardown, ("teardown",)),
     )
     problems += _loop_only_outside_the_loop(loaded)
     problems += _idle_timeout_misplaced(loaded)
@@ -153,6 +158,8 @@ def _task_sections(loaded: LoadedRunbook) -> dict[str, list[TaskSpec]]:
         "recovery.steps": loaded.recovery_steps,
         "pause": loaded.pause_steps,
         "resume": loaded.resume_steps,
+        "setup": loaded.setup_steps,
+        "teardown": loaded.teardown_steps,
     }
 
 

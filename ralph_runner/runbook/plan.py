@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_runner import templating
+from ralph_runner.durable import redaction
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, loader
@@ -34,7 +35,11 @@ class Plan:
         return self.runbook.model
 
     def secret_values(self) -> list[str]:
-        return [str(self.variables[n]) for n in self.model.secrets if self.variables.get(n)]
+        """What is masked: the values `secrets:` lists and those of variables named like a
+        secret (`*key`, `*token*`, `*password*`, `*secret*`: redaction.secret_named)."""
+        listed = [str(self.variables[n]) for n in self.model.secrets if self.variables.get(n)]
+        named = [str(v) for n, v in self.variables.items() if redaction.secret_named(n, v)]
+        return listed + named
 
     def host_variables(self, host: str) -> dict[str, object]:
         """Variables as seen from `host` (for delegate_to): same runbook vars and -e."""

@@ -355,6 +355,12 @@ class Runbook(Model):
     # tasks run once at `ralph-run resume`, before the next iteration (e.g. start it again);
     # then the service is checked: one the pause block stopped is started if down, no death
     resume: list[TaskEntry] = []
+    # tasks run once when the run starts, before the first health check (e.g. acquire the GPU
+    # from a scheduler); a failing one ends the run with recovery.exit_code
+    setup: list[TaskEntry] = []
+    # tasks run once when the run ends, whatever the end: finished, gave up, a signal, an error
+    # (e.g. release the GPU); a run killed before it is reported by the next run
+    teardown: list[TaskEntry] = []
 
 
 class CollectorSet(Model):

@@ -83,6 +83,8 @@ class StandInServer(ThreadingHTTPServer):
             f.die_countdown = faults.get("die_at_request", f.die_countdown)
             f.die_on_prompt_chars = faults.get("die_on_prompt_chars", f.die_on_prompt_chars)
             f.slow_once = faults.get("slow_once", f.slow_once)
+            if "rate_limit" in faults:
+                f.rate_limited_until = time.monotonic() + (faults["rate_limit"] or 0.0)
             f.busy = faults.get("busy", f.busy)
             legacy_dies = faults.get("dead_503", False) and not f.dead
             f.dead = faults.get("dead_503", f.dead)
@@ -179,6 +181,11 @@ class StandInServer(ThreadingHTTPServer):
             self.log.engine_core_exited,
         )
         return True
+
+    def rate_limited(self) -> float:
+        """Seconds the `rate_limit` fault has left (0: none)."""
+        with self.lock:
+            return max(0.0, self.faults.rate_limited_until - time.monotonic())
 
     def take_slow_once(self) -> float:
         with self.lock:

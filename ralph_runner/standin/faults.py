@@ -52,6 +52,10 @@ hang                   a wedged API server      every endpoint, /health too, nev
 dead_503               a dead engine behind an  every API route answers 503, the process stays up
                        API server that stays up
 slow_once S            one slow answer          the next API request answers after S s
+rate_limit S           a provider's limit (a    every generation answers 429 with `retry-after` (the
+                       proxy before vLLM, or    seconds left) for the next S s: /v1/messages in
+                       Anthropic's API)         Anthropic's shape (`rate_limit_error`), the others
+                                                in vLLM's (`{"error": {..., "code": 429}}`)
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the tab
     "hang": (bool, "accept connections but never answer an API request, /health included"),
     "dead_503": (bool, "the engine is dead: every API route answers 503, the process stays up"),
     "slow_once": (float, "the next API request answers after this many seconds"),
+    "rate_limit": (float, "generations answer 429 rate_limit_error with retry-after for S s"),
 }
 
 
@@ -97,6 +102,7 @@ class FaultSettings(TypedDict, total=False):
     hang: bool
     dead_503: bool
     slow_once: float
+    rate_limit: float
 
 
 @dataclass
@@ -109,6 +115,7 @@ class Faults:
     hang: bool = False
     dead: bool = False
     slow_once: float = 0.0
+    rate_limited_until: float = 0.0  # time.monotonic() until which generations answer 429
     busy: int = 0
 
 

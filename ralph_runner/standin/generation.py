@@ -6,6 +6,7 @@ of another type counts as absent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from ralph_runner.standin.engine import KV_CACHE_TOKENS
@@ -24,6 +25,23 @@ def text_of(content: object) -> str:
     return ""
 
 
+def blocks_text(content: object) -> str:
+    """The text of a Messages API content: a string, or blocks (text, a tool_use's input, a
+    tool_result's content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for block in content:
+        if isinstance(block, dict):
+            if block.get("type") == "tool_use":
+                parts.append(json.dumps(block.get("input")))
+            else:
+                parts.append(blocks_text(block.get("text", block.get("content", ""))))
+    return "".join(parts)
+
+
 def prompt_chars_of(route: str, request: Mapping[str, object]) -> int:
     """Prompt size of a generation request: the characters of what the model reads."""
     if route == "/v1/chat/completions":
@@ -33,6 +51,13 @@ def prompt_chars_of(route: str, request: Mapping[str, object]) -> int:
         return sum(len(text_of(m.get("content"))) for m in messages if isinstance(m, dict))
     if route == "/v1/completions":
         return len(text_of(request.get("prompt", "")))
+    if route == "/v1/messages":  # system, then text, tool_use input and tool_result blocks
+        turns = request.get("messages")
+        turns = turns if isinstance(turns, list) else []
+        system = len(blocks_text(request.get("system")))
+        return system + sum(
+            len(blocks_text(m.get("content"))) for m in turns if isinstance(m, dict)
+        )
     items = request.get("input", "")
     if isinstance(items, list):  # responses: messages, function calls and their outputs
         parts = [i.get("content", i.get("output", i.get("arguments", ""))) for i in items]
@@ -45,6 +70,7 @@ def max_tokens_of(route: str, request: Mapping[str, object], prompt_tokens: int)
         "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
         "/v1/completions": ("max_tokens",),
         "/v1/responses": ("max_output_tokens",),
+        "/v1/messages": ("max_tokens",),
     }[route]
     for key in keys:
         value = request.get(key)

@@ -4,6 +4,7 @@ every API request, generations whole or streamed as uvicorn sends them."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from ralph_runner.standin.api_server import StandInServer
 from ralph_runner.standin.engine import KV_CACHE_TOKENS, EngineDead, Sequence, plan_of, tokens_of
 from ralph_runner.standin.faults import parse_faults
 from ralph_runner.standin.generation import max_tokens_of, min_tokens_of, prompt_chars_of
+from ralph_runner.standin.messages import Messages, messages_error
 from ralph_runner.standin.metrics import CONTENT_TYPE, exposition
 from ralph_runner.standin.vllm_log import ENGINE_DEAD
 from ralph_runner.standin.wire import FORMATS, Format, Responses, error_body
@@ -27,7 +29,9 @@ ROUTES = {  # path -> (method, Handler method)
     "/v1/chat/completions": ("POST", "generation"),
     "/v1/completions": ("POST", "generation"),
     "/v1/responses": ("POST", "generation"),
+    "/v1/messages": ("POST", "generation"),  # Anthropic's Messages API (Claude Code)
 }
+API_FORMATS: dict[str, type[Format]] = {**FORMATS, "/v1/messages": Messages}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -128,13 +132,17 @@ class Handler(BaseHTTPRequestHandler):
             message = f"The model `{model}` does not exist."
             self.send_error_json(HTTPStatus.NOT_FOUND, message, "NotFoundError")
             return
+        limited = srv.rate_limited()
+        if limited:
+            self.send_rate_limited(limited)
+            return
         prompt_chars = prompt_chars_of(self.route, request)
         if srv.prompt_kills(prompt_chars) or srv.engine_dead:
             self.send_error_json(
                 HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD, "InternalServerError"
             )
             return
-        answer = FORMATS[self.route](model, request, tokens_of(prompt_chars))
+        answer = API_FORMATS[self.route](model, request, tokens_of(prompt_chars))
         reply = scripted.reply_for(answer.api, request, srv.options.script)
         max_tokens = max_tokens_of(self.route, request, answer.prompt_tokens)
         at_least = max(min_tokens_of(request, max_tokens), srv.faults.busy)
@@ -223,8 +231,29 @@ class Handler(BaseHTTPRequestHandler):
             self.server.die("die")
 
     def send_error_json(self, status: HTTPStatus, message: str, kind: str) -> None:
-        """vLLM's error body: `{"error": {"message", "type", "param", "code"}}`."""
-        self.send_json(status, error_body(message, kind, status.value))
+        """vLLM's error body: `{"error": {"message", "type", "param", "code"}}`; on the
+        Messages API Anthropic's `{"type": "error", "error": {"type", "message"}}`."""
+        if self.route == "/v1/messages":
+            self.send_json(status, messages_error(message, kind))
+        else:
+            self.send_json(status, error_body(message, kind, status.value))
+
+    def send_rate_limited(self, seconds: float) -> None:
+        """The `rate_limit` fault: 429 with `retry-after` (whole seconds, as Anthropic's API
+        and most proxies send it), the error in the route's own shape."""
+        retry_after = max(1, math.ceil(seconds))
+        message = f"Rate limited by the stand-in: retry after {retry_after} s."
+        if self.route == "/v1/messages":
+            body = json.dumps(messages_error(message, "rate_limit_error")).encode()
+        else:
+            body = json.dumps(error_body(message, "rate_limit_error", 429)).encode()
+        self.send_response(HTTPStatus.TOO_MANY_REQUESTS)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("retry-after", str(retry_after))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
 
     def send_json(self, status: HTTPStatus, payload: Mapping[str, object]) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")

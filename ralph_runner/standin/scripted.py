@@ -42,7 +42,8 @@ DEFAULT_TEXT = "OK"
 ToolArguments = dict[str, str | list[str]]  # a tool call's arguments (an argv: codex's `shell`)
 SCRIPT_KEYS = {"checklist", "reply", "items"}
 ITEM_KEYS = {"match", "shell", "files", "tick", "commit"}
-SHELL_TOOLS = ("bash", "exec_command", "shell_command", "shell")  # opencode, codex, older codex
+# opencode, codex, older codex, claude code
+SHELL_TOOLS = ("bash", "exec_command", "shell_command", "shell", "Bash")
 PROMPT_ITEM = re.compile(r"commit:\s*(.+)")
 UNCHECKED = re.compile(r"^[ \t]*(?:\d+: )?- \[ \] (.+?)\s*$", re.MULTILINE)
 FILE_LISTING = re.compile(r"^([^\n`]+)\n(`{3,})[^\n]*\n(.*?)^\2[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -63,8 +64,9 @@ class Reply:
 
 
 def reply_for(api: str, request: dict, script: Path | None) -> Reply:
-    """What the "model" answers. api: "chat" | "completions" | "responses"; request: the
-    parsed JSON body; script: the server's --script file (None: the default reply "OK")."""
+    """What the "model" answers. api: "chat" | "completions" | "responses" | "messages";
+    request: the parsed JSON body; script: the server's --script file (None: the default reply
+    "OK")."""
     if script is None:
         return Reply(text=DEFAULT_TEXT)
     try:
@@ -233,6 +235,9 @@ def conversation_of(api: str, request: dict) -> Conversation:
             elif item.get("type", "message") == "message":
                 add_message(talk, str(item.get("role")), text_of(item.get("content")))
         return talk
+    if api == "messages":
+        add_anthropic_messages(talk, request)
+        return talk
     for message in request.get("messages") or []:
         role, text = str(message.get("role")), text_of(message.get("content"))
         if role == "tool":
@@ -240,6 +245,20 @@ def conversation_of(api: str, request: dict) -> Conversation:
         else:
             add_message(talk, role, text)
     return talk
+
+
+def add_anthropic_messages(talk: Conversation, request: dict) -> None:
+    """The Messages API: `system` on its own; a user message carrying `tool_result` blocks
+    answers the assistant's tool calls (its other blocks, reminders, are not a new turn)."""
+    talk.system = text_of(request.get("system")) + "\n"
+    for message in request.get("messages") or []:
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else []
+        results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        if message.get("role") == "user" and results:
+            talk.tool_results += [text_of(b.get("content")) for b in results]
+        elif message.get("role") == "user":
+            add_message(talk, "user", text_of(content))
 
 
 def add_message(talk: Conversation, role: str, text: str) -> None:
@@ -251,7 +270,10 @@ def add_message(talk: Conversation, role: str, text: str) -> None:
 
 
 def tool_name(tool: object) -> str | None:
-    """`{"type": "function", "function": {"name"}}` (chat) or `{"type": "function", "name"}`."""
+    """`{"type": "function", "function": {"name"}}` (chat), `{"type": "function", "name"}`
+    (responses) or `{"name", "input_schema"}` (messages: no type, or "custom")."""
+    if isinstance(tool, dict) and "input_schema" in tool and tool.get("type", "custom") == "custom":
+        return tool.get("name")
     if not isinstance(tool, dict) or tool.get("type") != "function":
         return None
     return tool.get("name") or (tool.get("function") or {}).get("name")
@@ -368,7 +390,7 @@ def shell_arguments(tool: str, command: str, workdir: str | None) -> ToolArgumen
         return {"cmd": command, **({"workdir": workdir} if workdir else {})}
     if tool == "shell":  # codex before exec_command: an argv
         return {"command": ["bash", "-lc", command], **({"workdir": workdir} if workdir else {})}
-    if tool == "bash":  # opencode
+    if tool in ("bash", "Bash"):  # opencode, claude code
         return {"command": command, "description": "Run: " + command.split(" ", 1)[0]}
     return {"command": command}
 

@@ -17,6 +17,7 @@ DEAD_ERROR = "vllm.v1.engine.exceptions.EngineDeadError"
 STREAM_GENERATORS = {
     "chat": ("serving.py:929", "chat completion"),
     "completions": ("serving.py:500", "completion"),
+    "messages": ("serving.py:929", "chat completion"),  # vLLM's Messages API wraps chat's
 }
 
 

@@ -37,7 +37,7 @@ def write_json(
         raise FatalError(Problem(f"cannot create: {e.strerror}", str(path.parent))) from None
     shown = redactor.data(data, keys=True) if redactor is not None else data
     text = json.dumps(shown, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
-    write_atomic(path, text.encode("utf-8"), durable=durable)
+    write_atomic(path, text.encode("utf-8"), durable=durable, follow=False)
 
 
 def read_json(path: Path, what: str) -> JSON:

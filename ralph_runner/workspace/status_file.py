@@ -88,6 +88,25 @@ class Pause(TypedDict):
     steps_error: str | None  # why that block failed
 
 
+class Held(TypedDict):
+    """The marker `.ralph/held` (loop/lifecycle.py): a run's setup succeeded, its teardown has
+    not run yet; found by the next run after a kill -9."""
+
+    pid: int | None  # the run that wrote it
+    since: float | None  # epoch when its setup succeeded
+    host: str | None  # where ralph-run ran
+
+
+class LifecycleStatus(TypedDict):
+    """The runbook's `setup:` and `teardown:` blocks (loop/lifecycle.py) in this run."""
+
+    setup: Literal["running", "done", "failed"] | None  # None: not run (yet)
+    teardown: Literal["running", "done", "failed"] | None
+    error: str | None  # why a block failed: its step and how it ended
+    held: bool  # setup succeeded and teardown has not: the marker is there
+    left_by_last_run: Held | None  # the marker a run killed before its teardown left
+
+
 class ChecklistFields(TypedDict, total=False):
     """The checklist's counts (checklist.Counts); absent until the checklist was read."""
 
@@ -136,6 +155,7 @@ class Status(ChecklistFields, PauseFields):
     workdir: str
     crash: NotRequired[str]  # an internal error's cause (crash.py), status "crashed"
     workers: NotRequired[list[Worker]]  # with loop.workers > 1: each worker's item and phase
+    lifecycle: NotRequired[LifecycleStatus]  # only with `setup:`/`teardown:` or a marker left
 
 
 class CheckedStatus(Status):

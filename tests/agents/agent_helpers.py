@@ -1,4 +1,4 @@
-"""Real coding agents (opencode, codex, aider) in a real `ralph-run` loop on the stand-in.
+"""Real coding agents (opencode, codex, aider, claude) in a real `ralph-run` loop on the stand-in.
 
 Each agent is the binary `ci/install-agents.sh` put under `.cache/`; a test that finds it absent
 skips with one line. The loop's agent step is the shipped recipe (`runbooks/agents/NAME.yaml`,
@@ -33,8 +33,14 @@ BINARIES = {
     "opencode": NODE_BIN / "opencode",
     "codex": NODE_BIN / "codex",
     "aider": AIDER_BIN / "aider",
+    "claude": NODE_BIN / "claude",
 }
-STEP_NAMES = {"opencode": "run opencode", "codex": "run codex", "aider": "run aider"}
+STEP_NAMES = {
+    "opencode": "run opencode",
+    "codex": "run codex",
+    "aider": "run aider",
+    "claude": "run claude",
+}
 PROMPT = "Read PLAN.md. Do exactly this item, tick it in CHECKLIST.md, commit: {{ item.text }}\n"
 
 

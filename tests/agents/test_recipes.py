@@ -21,6 +21,7 @@ EXPECTED = {  # what each rendered step must say (README, "Agents")
     "opencode": ["opencode run --model vllm/qwen3-coder --title", "-f CHECKLIST.md --"],
     "codex": ["codex exec --skip-git-repo-check", 'wire_api="responses"', "-m qwen3-coder"],
     "aider": ["aider --model openai/qwen3-coder", "--edit-format whole --yes-always"],
+    "claude": ["claude -p --model qwen3-coder", '--allowedTools "Bash Read Edit Write Glob Grep"'],
 }
 
 

@@ -1,4 +1,4 @@
-"""The scripted model: the answers that make opencode, codex and aider do an item.
+"""The scripted model: the answers that make opencode, codex, aider and claude do an item.
 
 The requests are shaped as the real agents send them (recorded in /work/notes and described in
 the README's Agents section); the shell commands the model hands out are run with real bash in
@@ -185,3 +185,52 @@ def test_an_items_shell_command_is_the_first_tool_call(tmp_path: Path) -> None:
         "responses", codex_request(["Process exited with code 0"]), path
     ).tool_calls
     assert "awk" in json.loads(second.arguments)["cmd"]  # then the tick
+
+
+def claude_request(results: list[str]) -> dict:
+    """Claude Code 2.1's request: `system` blocks with its env, its tools (no `type`), the
+    prompt with a reminder block; each tool result comes back in a user message of its own."""
+    system = [
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        {"type": "text", "text": "<env>\nWorking directory: /w\nIs directory a git repo: Yes\n"},
+    ]
+    prompt = f"Read PLAN.md. Do exactly this item, tick it in CHECKLIST.md, commit: {ITEM}"
+    messages: list[dict] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>\nAs you answer...</system-reminder>"},
+                {"type": "text", "text": prompt},
+            ],
+        }
+    ]
+    for n, result in enumerate(results):
+        use = {"type": "tool_use", "id": f"t{n}", "name": "Bash", "input": {}}
+        messages.append({"role": "assistant", "content": [use]})
+        answer = {"type": "tool_result", "tool_use_id": f"t{n}", "content": result}
+        messages.append({"role": "user", "content": [answer]})
+    tools = [{"name": n, "input_schema": {}} for n in ("Task", "Bash", "Read", "Edit", "Write")]
+    return {"model": "stand-in", "system": system, "messages": messages, "tools": tools}
+
+
+def test_claude_bash_commands_tick_write_and_commit_in_a_real_repo(
+    tmp_path: Path, script: Path
+) -> None:
+    repo = make_workspace(tmp_path / "w", [])
+    (repo / "CHECKLIST.md").write_bytes(CHECKLIST.encode())
+    subprocess.run(["git", "-C", str(repo), "commit", "-qam", "checklist"], check=True)
+    results: list[str] = []
+    while (reply := reply_for("messages", claude_request(results), script)).tool_calls:
+        (call,) = reply.tool_calls
+        arguments = json.loads(call.arguments)
+        assert call.name == "Bash" and set(arguments) == {"command", "description"}
+        done = subprocess.run(["bash", "-c", arguments["command"]], cwd=repo, capture_output=True)
+        assert done.returncode == 0, done.stderr
+        results.append("")
+
+    assert len(results) == 2 and reply.text == f"Done: {ITEM}"  # the edit, the commit, a text
+    expected = CHECKLIST.replace(f"  - [ ] {ITEM}\r", f"  - [x] {ITEM}\r")
+    assert (repo / "CHECKLIST.md").read_bytes() == expected.encode()
+    assert (repo / "road.txt").read_text() == "a road\n"
+    log = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%s"], capture_output=True)
+    assert log.stdout.decode().strip() == f"done: {ITEM}"

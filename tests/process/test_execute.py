@@ -224,7 +224,9 @@ def test_a_hundred_megabytes_of_output_keeps_memory_flat():
     assert result.output.endswith("x\nTHE END\n")
     assert len(result.output.encode()) == 64 * 1024
     assert result.cut_bytes == 100_000_000 + len("\nTHE END\n") - 64 * 1024
-    assert len(peak) > 10, "too few samples to see a peak"
+    # Samples every 10 ms while 100 MB pass; under load the sampler wakes less often (exactly
+    # 10 once, with three test processes on 2 cores): 5 still see a run that buffers it all.
+    assert len(peak) >= 5, "too few samples to see a peak"
     assert growth < 50 * 1024 * 1024, f"RSS peaked {growth / 2**20:.0f} MiB above the start"
 
 
