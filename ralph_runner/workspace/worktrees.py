@@ -1,27 +1,43 @@
 """The git worktrees of `loop.workers` > 1: one per attempt, and the landing of its commits.
 
 An attempt works in `.ralph/worktrees/<n>` on a branch `ralph/<item-slug>-<n>` from the head of
-the workdir's branch. Landing builds the whole landing in that worktree (the attempt's commits
-replayed onto the workdir's head, the checklist left out, then the item ticked) and moves the
-workdir's branch with one `merge --ff-only`: the operator's checkout moves only by whole
-landings, and a landing that does not apply leaves the workdir as it was.
+the workdir's branch, recorded in `.ralph/worktrees.json` before it is made: a rerun after a
+kill -9 deletes the recorded branches only. Landing builds the whole landing in that worktree
+(the attempt's commits replayed onto the workdir's head, the checklist left out, then the item
+ticked) and moves the workdir's branch with one `merge --ff-only`: the operator's checkout moves
+only by whole landings, and a landing that does not apply leaves the workdir as it was.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
+from ralph_runner.durable.files import state_directory, write_atomic
 from ralph_runner.process import execute
 from ralph_runner.workspace import checklist
 from ralph_runner.workspace.state_files import STATE_DIR
 
 BRANCH_PREFIX = "ralph/"
 WORKTREES = "worktrees"  # under .ralph/
+RECORD = "worktrees.json"  # under .ralph/: the branches ralph-run made (Made)
 GIT_TIMEOUT = 120
+
+
+_record_lock = threading.Lock()  # the record's read-modify-write, between workers
+
+
+class Made(TypedDict):
+    """`.ralph/worktrees.json`: the branches made and not yet removed; the stale clean-up
+    after a kill -9 deletes these and no other (an operator's `ralph/mine` stays)."""
+
+    branches: list[str]
 
 
 class GitFailed(RuntimeError):
@@ -60,10 +76,20 @@ class Tree:
 
 
 def add(workdir: Path, worker: int, item_text: str) -> Tree:
-    """A fresh worktree for `worker` on a new branch from the workdir's head."""
+    """A fresh worktree for `worker` on a new branch from the workdir's head. Its branch and
+    path are recorded (.ralph/worktrees.json) before git makes them, so that a kill -9 at any
+    point leaves nothing of ours unrecorded; a branch of that name that is not ours is left
+    alone and another name taken."""
     path = root(workdir) / str(worker)
-    branch = f"{BRANCH_PREFIX}{slug(item_text)}-{worker}"
-    _drop(workdir, path, branch)
+    with _record_lock:
+        made = _made(workdir)
+        name = f"{BRANCH_PREFIX}{slug(item_text)}-{worker}"
+        branch, n = name, 1
+        while branch not in made and _branch_exists(workdir, branch):
+            n += 1
+            branch = f"{name}-{n}"
+        _drop(workdir, path, branch if branch in made else None)
+        _write_made(workdir, sorted({*_made(workdir), branch}))
     base = head(workdir)
     path.parent.mkdir(parents=True, exist_ok=True)
     _git(workdir, "worktree", "add", "-q", "-b", branch, str(path), base)
@@ -71,8 +97,10 @@ def add(workdir: Path, worker: int, item_text: str) -> Tree:
 
 
 def remove(workdir: Path, tree: Tree) -> None:
-    """The worktree and its branch gone (whatever state they are in)."""
-    _drop(workdir, tree.path, tree.branch)
+    """The worktree and its branch gone (whatever state they are in), and its record."""
+    with _record_lock:
+        _drop(workdir, tree.path, tree.branch)
+        _write_made(workdir, [b for b in _made(workdir) if b != tree.branch])
 
 
 def _drop(workdir: Path, path: Path, branch: str | None) -> None:
@@ -84,10 +112,35 @@ def _drop(workdir: Path, path: Path, branch: str | None) -> None:
         _git(workdir, "branch", "-D", "-q", branch, check=False)
 
 
+def _branch_exists(workdir: Path, branch: str) -> bool:
+    return _git(workdir, "rev-parse", "-q", "--verify", f"refs/heads/{branch}", check=False).ok
+
+
+def record_path(workdir: Path) -> Path:
+    """The branches ralph-run made and has not removed yet: `.ralph/worktrees.json`."""
+    return workdir / STATE_DIR / RECORD
+
+
+def _made(workdir: Path) -> list[str]:
+    try:
+        loaded = json.loads(record_path(workdir).read_text())
+    except (OSError, ValueError):
+        return []  # none made yet (or a torn file: write_atomic makes none)
+    branches = loaded.get("branches") if isinstance(loaded, dict) else None
+    return [b for b in branches if isinstance(b, str)] if isinstance(branches, list) else []
+
+
+def _write_made(workdir: Path, branches: list[str]) -> None:
+    state_directory(workdir / STATE_DIR)
+    record: Made = {"branches": branches}
+    write_atomic(record_path(workdir), json.dumps(record).encode(), follow=False)
+
+
 def stale(workdir: Path) -> list[str]:
-    """Clean what a run killed with -9 left: every worktree under `.ralph/worktrees` and every
-    `ralph/*` branch (nothing of them had landed: a landing is one fast-forward). Returns what
-    was removed, for the operator."""
+    """Clean what a run killed with -9 left: every worktree under `.ralph/worktrees` (ralph-run's
+    own directory) and the branches recorded as made by ralph-run, never another `ralph/*`
+    branch (nothing of them had landed: a landing is one fast-forward). Returns what was
+    removed, for the operator."""
     found: list[str] = []
     where = root(workdir)
     listed = _git(workdir, "worktree", "list", "--porcelain", check=False).output
@@ -102,10 +155,13 @@ def stale(workdir: Path) -> list[str]:
             shutil.rmtree(child, ignore_errors=True)
             found.append(str(child))
     _git(workdir, "worktree", "prune", check=False)
-    refs = _git(workdir, "for-each-ref", "--format=%(refname:short)", f"refs/heads/{BRANCH_PREFIX}")
-    for branch in refs.output.split():
-        _git(workdir, "branch", "-D", "-q", branch, check=False)
-        found.append(branch)
+    with _record_lock:
+        for branch in _made(workdir):
+            if _branch_exists(workdir, branch):
+                _git(workdir, "branch", "-D", "-q", branch, check=False)
+                found.append(branch)
+        if record_path(workdir).exists():
+            _write_made(workdir, [])
     return sorted(set(found))
 
 

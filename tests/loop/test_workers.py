@@ -85,13 +85,15 @@ def in_flight_at_most(run: RalphRun) -> int:
     return most
 
 
-def assert_clean(scenario: Scenario) -> None:
-    """No worktree but the workdir's, no ralph/* branch, nothing under .ralph/worktrees."""
+def assert_clean(scenario: Scenario, theirs: tuple[str, ...] = ()) -> None:
+    """No worktree but the workdir's, no ralph/* branch but the operator's (`theirs`), nothing
+    under .ralph/worktrees."""
     work = scenario.workspace
     trees = [ln for ln in git(work, "worktree", "list", "--porcelain").splitlines()
              if ln.startswith("worktree ")]  # fmt: skip
     assert trees == [f"worktree {work}"], trees
-    assert git(work, "branch", "--list", "ralph/*").strip() == ""
+    branches = git(work, "branch", "--format=%(refname:short)", "--list", "ralph/*").split()
+    assert sorted(branches) == sorted(theirs)
     where = work / ".ralph" / "worktrees"
     assert not where.exists() or not any(where.iterdir())
     assert git(work, "status", "--porcelain").strip() == ""
@@ -182,6 +184,12 @@ def test_a_stop_with_four_in_flight_then_a_rerun_finishes(
 ) -> None:
     items = [f"ok {n}" for n in range(1, 7)]
     prepare(scenario, items, sleep="30 if iteration <= 4 else 0.2")
+    # the operator's own branches: one of ralph-run's prefix, one of the name ralph-run would
+    # give worker 1's first item; the clean-up after a kill -9 leaves both where they were
+    theirs = ("ralph/mine", "ralph/ok-1-1")
+    for branch in theirs:
+        git(scenario.workspace, "branch", branch)
+    mine = git(scenario.workspace, "rev-parse", "ralph/mine")
     run = scenario.start()
     all_in_flight(run, 4)
     run.send(how)
@@ -189,13 +197,14 @@ def test_a_stop_with_four_in_flight_then_a_rerun_finishes(
     # the agents are gone (the tree guard kills them after a -9 too)
     wait_for(lambda: not scenario.agent_processes(), 10, "no agent left")
     if how == signal.SIGTERM:
-        assert_clean(scenario)
+        assert_clean(scenario, theirs)
         assert scenario.state()["status"] == "interrupted"
     again = scenario.start()
     assert again.wait() == 0, again.stderr
     assert scenario.marks() == ["x"] * 6
     assert not strikes(again)
-    assert_clean(scenario)
+    assert_clean(scenario, theirs)
+    assert git(scenario.workspace, "rev-parse", "ralph/mine") == mine
     scenario.assert_nothing_left()
 
 

@@ -77,3 +77,20 @@ def test_what_a_killed_run_left_is_removed(tmp_path: Path) -> None:
     assert git(top, "branch", "--list", "ralph/*") == ""
     assert git(top, "worktree", "list").count("\n") == 0
     assert not any((top / ".ralph" / "worktrees").iterdir())
+
+
+def test_the_clean_up_removes_only_the_branches_ralph_run_made(tmp_path: Path) -> None:
+    top = repo(tmp_path / "w")
+    git(top, "branch", "ralph/mine")  # the operator's, of ralph-run's prefix
+    git(top, "branch", "ralph/a-1")  # the operator's, of the very name worker 1 would take
+    tree = worktrees.add(top, 1, "a")
+    assert tree.branch == "ralph/a-1-2"
+    work(tree, "a")
+    made = worktrees.add(top, 2, "b")  # as a kill -9 leaves them: worktrees, branches, record
+    assert worktrees.stale(top) == sorted(["ralph/a-1-2", "ralph/b-2", str(tree.path),
+                                           str(made.path)])  # fmt: skip
+    assert git(top, "branch", "--list", "ralph/*").split() == ["ralph/a-1", "ralph/mine"]
+    assert worktrees.stale(top) == []  # the record is empty now
+    again = worktrees.add(top, 1, "a")  # a rerun: the operator's ralph/a-1 is still not ours
+    worktrees.remove(top, again)
+    assert git(top, "branch", "--list", "ralph/*").split() == ["ralph/a-1", "ralph/mine"]
