@@ -26,7 +26,7 @@ from ralph_runner.deaths.record import Facts
 from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, idle, pause, proxy
+from ralph_runner.loop import failures, idle, limit_hold, pause, proxy
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.output import plural
 from ralph_runner.process import execute, output_text
@@ -100,7 +100,6 @@ class AttemptRun:
         self.stop, self.redactor = runner.stop, runner.redactor
         self.workdir, self.checklist_path = workdir, checklist_path
         self.in_repo = True
-        self.limited_since: float | None = None
         self._lines = output_text.Lines()  # `-v`: a line over 64 KiB comes in cut pieces
 
     def show_output(self, text: str) -> None:
@@ -111,6 +110,15 @@ class AttemptRun:
     def flush_output(self) -> None:
         if (last := self._lines.end()) is not None:
             self.bus.emit(events.Output(step=self.attempt.phase, text=last))
+
+    @property
+    def limited_since(self) -> float | None:
+        """The first of the limited attempts in a row, the pool's: the quota is shared."""
+        return self.pool.hold.since
+
+    @limited_since.setter
+    def limited_since(self, value: float | None) -> None:
+        self.pool.hold.since = value
 
     def save(self, status_only: bool = False) -> None:
         self.pool.runner.save(status_only)
@@ -157,6 +165,7 @@ class Pool:
         self.error: BaseException | None = None  # what ended the run in a worker's thread
         self.begun = 0  # attempts started (max_iterations counts them as they start)
         self.recovering = False  # a death is being recorded and recovered: start nothing
+        self.hold = limit_hold.Hold()  # a usage limit: start nothing until its reset
         self.checklist_rel = str(runner.checklist_path.resolve().relative_to(self.top))
         self.workdir_rel = self.workdir.resolve().relative_to(self.top)
 
@@ -190,10 +199,11 @@ class Pool:
                 if at_limit and not self.attempts:
                     runner.summary(text, stopped=True)
                     return ExitCode.MAX_ITERATIONS
-                if self._paused():
+                if self._paused() or self._told():
                     continue
                 started = False
-                while not at_limit and not self.recovering and len(self.attempts) < self.size:
+                held = self.hold.left() is not None
+                while not (at_limit or held or self.recovering) and len(self.attempts) < self.size:
                     item = self._next(todo)
                     if item is None:
                         break
@@ -222,6 +232,18 @@ class Pool:
         finally:
             self.lock.acquire()
         return True
+
+    def _told(self) -> bool:
+        """A usage limit's countdown, or its end (state saved), said outside the pool's lock
+        (an emit under it could wait on a thread that holds the bus and wants the pool)."""
+        self.lock.release()
+        try:
+            changed = self.hold.tell(self.runner.bus, self.runner.state)
+            if changed:
+                self.runner.save()
+        finally:
+            self.lock.acquire()
+        return changed
 
     @staticmethod
     def _kill(attempt: Attempt) -> None:
@@ -447,6 +469,11 @@ class Pool:
         if it.failed_step is None:
             self._land(attempt, it)
             return
+        if (wait := it.limited()) is not None:  # Limited raised when beyond limits.max_wait
+            with self.changed:  # no strike; every worker waits for the reset
+                self.hold.extend(item.text, wait)
+                self.changed.notify_all()
+            return
         if not attempt.strikable:
             with self.lock:
                 self.waiting.add(item.text)
@@ -455,6 +482,7 @@ class Pool:
                                         reason=reason, waits=True))  # fmt: skip
             it.end("deferred", reason=it.failed_step["reason"])
             return
+        it.charge(it.failure(it.failed_step))  # the broken-agent rule: AgentBroken ends the run
         self._strike(attempt, it, it.failed_step["reason"], it.failed_step["output_tail"])
 
     def _land(self, attempt: Attempt, it: Iteration) -> None:
@@ -471,6 +499,8 @@ class Pool:
             with self.lock:
                 st.strikes.pop(item.text, None)
                 self.conflicts.pop(item.text, None)
+                st.last_failure, st.streak_skipped = None, []  # the agent works
+                self.hold.since = None
                 self.runner.forget_counts()
             bus.emit(events.WorkerLanded(worker=attempt.worker, item=item.text,
                                          commits=landing.commits, head=landing.head))  # fmt: skip
@@ -508,6 +538,7 @@ class Pool:
                 message = f"skip: {item.text} ({strikes} failures)"
                 git.commit_paths(runner.plan.workdir, message, runner.checklist_path)
             st.strikes.pop(item.text, None)
+            st.streak_skipped.append(item.text)  # AgentBroken names the items skipped meanwhile
             runner.forget_counts()
         runner.bus.emit(events.Skip(item=item.text, strikes=strikes))
         it.end("skipped", reason=reason, strikes=strikes)

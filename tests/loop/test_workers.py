@@ -41,9 +41,15 @@ git add -A && git commit -qm "work: $item"
 
 
 def prepare(
-    scenario: Scenario, items: list[str], *, workers: int = 4, sleep: str = "0.3"
+    scenario: Scenario,
+    items: list[str],
+    *,
+    workers: int = 4,
+    sleep: str = "0.3",
+    **changes: dict[str, Any],
 ) -> Scenario:
-    """The workspace (with shared.txt), a runbook with `workers` whose agent is WORK."""
+    """The workspace (with shared.txt), a runbook with `workers` whose agent is WORK; `changes`:
+    top-level runbook sections (checklist, limits)."""
     work = scenario.root / "work.sh"
     work.write_text(WORK)
     work.chmod(0o755)
@@ -59,6 +65,7 @@ def prepare(
     )
     data["loop"]["workers"] = workers
     data["loop"]["steps"][1]["shell"] = agent
+    data.update(changes)
     scenario.runbook_path.write_text(yaml.safe_dump(data, sort_keys=False))
     scenario.standin.start(HEALTH_TIMEOUT="1")
     return scenario
@@ -225,3 +232,49 @@ def test_pause_holds_the_run_between_attempts_and_resume_goes_on(scenario: Scena
     assert scenario.marks() == ["x"] * 4
     assert not strikes(run)
     assert_clean(scenario)
+
+
+def test_a_usage_limit_holds_every_worker_until_its_reset_with_no_strike(
+    scenario: Scenario,
+) -> None:
+    # strikes: 1: a limit counted as a failure would skip the item it hit
+    prepare(scenario, [f"ok {n}" for n in range(1, 5)], workers=2,
+            sleep="1.5 if iteration <= 2 else 0.1", checklist={"strikes": 1},
+            limits={"default_wait": 4, "margin": 1})  # fmt: skip
+    run = scenario.start()
+    all_in_flight(run, 2)  # both think, then call: the server answers 429 for 2 s
+    scenario.standin.trigger(rate_limit=2)
+    first = run.wait_event("limited", timeout=20)
+    assert first["source"] == "http-429"  # the stand-in agent prints the 429 it got
+    assert run.wait() == 0, run.stderr
+    assert scenario.marks() == ["x"] * 4
+    assert not strikes(run) and not run.of("skip")
+    # nothing started from the first limit until its wait ended (the quota is shared)
+    held = [e for e in run.of("worker-started") if first["time"] < e["time"] < first["until"]]
+    assert held == [], (first, run.of("worker-started"))
+    limited = run.of("iteration-ended", outcome="limited")
+    assert limited, run.events
+    assert scenario.state().get("limited") is None
+    assert_clean(scenario)
+
+
+def test_the_broken_agent_rule_compares_attempts_started_with_earlier_items_settled(
+    scenario: Scenario,
+) -> None:
+    # every item fails the same way at once; worker 2's early attempts (an earlier item in
+    # flight) are deferred, not compared; the first item is struck and skipped (strikes: 1),
+    # the second, tried again once it is first, fails the same way: the agent is broken
+    prepare(scenario, ["bad 1", "bad 2", "bad 3"], workers=2, sleep="0.2",
+            checklist={"strikes": 1})  # fmt: skip
+    run = scenario.start()
+    assert run.wait() == 6, run.stderr
+    broken = run.of("agent-broken")
+    assert len(broken) == 1, run.events
+    assert broken[0]["previous_item"] == "bad 1" and broken[0]["item"] == "bad 2"
+    assert broken[0]["skipped"] == ["bad 1"]
+    assert [e["item"] for e in strikes(run)] == ["bad 1"]
+    assert run.of("worker-retry", waits=True)  # a deferred attempt was no failure to compare
+    assert scenario.marks() == ["!", " ", " "]
+    assert scenario.state()["status"] == "agent-broken"
+    assert_clean(scenario)
+    scenario.assert_nothing_left()
