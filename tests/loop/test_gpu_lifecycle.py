@@ -223,6 +223,9 @@ def test_a_kill_9_is_reported_by_the_next_run_before_it_acquires_again(
     assert sched.asked().count(f"acquire {JOB} {GB} -> 0") == 2
     assert sched.asked().count(f"release {JOB} -> 0") == 1
     assert not (scenario.workspace / ".ralph" / "held").exists()
+    shown = scenario.command("status", str(scenario.workspace))  # the operator's view
+    assert f"the last run (pid {first.process.pid}, setup at " in shown, shown
+    assert "lifecycle:  setup done" in shown, shown
 
 
 def test_a_death_with_the_lock_still_held_is_mended_with_no_strike(scenario: Scenario) -> None:
