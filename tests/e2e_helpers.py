@@ -315,6 +315,20 @@ class Scenario:
 
     # the files a run leaves
 
+    def command(self, *args: str) -> str:
+        """`ralph-run ARGS` run to its end in the workspace (exit 0 or 1): what it printed,
+        stdout then stderr, for the tests that search every stream."""
+        done = subprocess.run(
+            [sys.executable, "-m", "ralph_runner", *args],
+            cwd=self.workspace,
+            env=python_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode in (0, 1), done.stderr
+        return done.stdout + done.stderr
+
     def checklist(self) -> str:
         return (self.workspace / "CHECKLIST.md").read_text(encoding="utf-8")
 

@@ -28,6 +28,7 @@ from ralph_runner.workspace.status_file import (
     HangBound,
     LastDeath,
     LastStart,
+    LifecycleStatus,
     Limited,
     Pause,
     Status,
@@ -116,6 +117,7 @@ def human_lines(status: CheckedStatus) -> list[str]:
     lines.extend(_agent_broken(status["agent_broken"]))
     lines.extend(_limited(status["limited"]))
     lines.extend(_hang_bound(status["hang_bound"]) if status["running"] else [])
+    lines.extend(_lifecycle(status.get("lifecycle")))
     if status["updated"]:  # 0: a file without it
         updated = datetime.fromtimestamp(status["updated"]).astimezone()
         lines.append(f"updated:    {updated.isoformat(timespec='seconds')}")
@@ -136,6 +138,32 @@ def _hang_bound(bound: HangBound | None) -> list[str]:
     if bound is None:
         return []
     return [f"hang bound: {bound['seconds']:g} s without an engine step ({bound['why'] or '?'})"]
+
+
+def _lifecycle(lifecycle: LifecycleStatus | None) -> list[str]:
+    """The runbook's `setup:` and `teardown:` blocks (docs: writing runbooks, "A GPU shared
+    through a scheduler"): how far they ran, and what a run killed before its teardown left."""
+    if lifecycle is None:
+        return []
+    said = [
+        f"setup {lifecycle['setup'] or 'not run'}",
+        f"teardown {lifecycle['teardown'] or 'not run'}",
+    ]
+    if lifecycle["held"]:
+        said.append("what setup acquired is held until teardown")
+    lines = [f"lifecycle:  {', '.join(said)}"]
+    if lifecycle["error"]:
+        lines.append(f"            {lifecycle['error']}")
+    left = lifecycle["left_by_last_run"]
+    if left is not None:
+        since = left["since"]
+        when = "?" if since is None else datetime.fromtimestamp(since).astimezone()
+        shown = when if isinstance(when, str) else when.isoformat(timespec="seconds")
+        lines.append(
+            f"            the last run (pid {left['pid'] or '?'}, setup at {shown}) ended "
+            "without its teardown"
+        )
+    return lines
 
 
 def _pause(pause: Pause | None) -> list[str]:

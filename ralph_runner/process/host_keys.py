@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ralph_runner.process import execute
@@ -56,9 +55,7 @@ def before(destination: list[str]) -> Unknown | None:
     return Unknown(name, files)
 
 
-def after(
-    destination: list[str], unknown: Unknown, say: Callable[[str], None] | None = None
-) -> None:
+def after(destination: list[str], unknown: Unknown) -> None:
     """After the first command: warn when ssh added the host's key; else look again next time
     (the command did not reach it)."""
     found = _fingerprints(unknown.name, unknown.files)
@@ -72,10 +69,7 @@ def after(
         f"{unknown.files[0]} without asking (StrictHostKeyChecking=accept-new): {keys}. Compare "
         "it with the host's own key (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on the host)"
     )
-    (say or _to_stderr)(message)
-
-
-def _to_stderr(message: str) -> None:
+    # stderr, as ssh's own warnings: this layer has no event bus (process/ is below output/)
     print(message, file=sys.stderr, flush=True)
 
 

@@ -68,15 +68,21 @@ class OutputTail:
 
 
 def exits_within(pid: int, seconds: float) -> bool:
-    """Has our child `pid` exited (not reaped: sh does) within `seconds`?"""
+    """Has our child `pid` exited (not reaped: sh does) within `seconds`? A pid already reaped
+    (a killed tree guard that a wait elsewhere collected) has exited too."""
     deadline = time.monotonic() + seconds
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:
-        while not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_REAP_POLL)
+    except ProcessLookupError:
+        return True
+    except OSError:  # no pidfd (Linux before 5.3)
+        try:
+            while not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(_REAP_POLL)
+        except ChildProcessError:
+            pass
         return True
     try:
         return bool(select.select([pidfd], [], [], seconds)[0])

@@ -7,14 +7,12 @@ A real loop echoes the value in a step; every file and stream is searched."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from e2e_helpers import RalphRun, Scenario, make_workspace, runbook
-from standin_helpers import python_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,19 +20,6 @@ VALUE = "s3cr3tvalue"
 PASSWORD = "hunter2hunter2"
 URL_TOKEN = "ghp0a1b2c3d4e5f6"
 INPUTS = {"CHECKLIST.md", "PLAN.md"}
-
-
-def _command(scenario: Scenario, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "ralph_runner", *args],
-        cwd=scenario.workspace,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return done.stdout + done.stderr
 
 
 def test_a_value_named_like_a_secret_and_url_credentials_are_masked(scenario: Scenario) -> None:
@@ -57,9 +42,9 @@ def test_a_value_named_like_a_secret_and_url_credentials_are_masked(scenario: Sc
     scenario.runs.append(run)
     assert run.wait(60) == 0, run.stderr
     streams = {"run -v": "\n".join(run.noise) + run.stderr}
-    streams["--check"] = _command(scenario, runbook_path, "--check", *facts)
-    streams["--check --json"] = _command(scenario, runbook_path, "--check", "--json", *facts)
-    streams["status"] = _command(scenario, "status", "--json", str(scenario.workspace))
+    streams["--check"] = scenario.command(runbook_path, "--check", *facts)
+    streams["--check --json"] = scenario.command(runbook_path, "--check", "--json", *facts)
+    streams["status"] = scenario.command("status", "--json", str(scenario.workspace))
 
     files = {
         str(path.relative_to(scenario.workspace)): path.read_text("utf-8", errors="replace")
@@ -86,7 +71,7 @@ def test_a_count_named_like_tokens_is_not_masked(tmp_path: Path) -> None:
     document = runbook(variables={"max_tokens": "4096", "prompt_token_budget": 2048})
     make_workspace(scenario.workspace, ["one item"])
     scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
-    shown = _command(scenario, str(scenario.runbook_path), "--check")
+    shown = scenario.command(str(scenario.runbook_path), "--check")
     assert "max_tokens: '4096'" in shown and "prompt_token_budget: 2048" in shown, shown
 
 

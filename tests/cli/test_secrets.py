@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, RalphRun, Scenario, runbook
-from standin_helpers import python_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,19 +64,6 @@ def _die_during_the_agent(scenario: Scenario, run: RalphRun) -> str:
     return "".join(run.noise) + json.dumps(run.events) + run.stderr
 
 
-def _command(scenario: Scenario, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "ralph_runner", *args],
-        cwd=scenario.workspace,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return done.stdout + done.stderr
-
-
 def _written_files(workdir: Path) -> dict[str, str]:
     return {
         str(path.relative_to(workdir)): path.read_text(encoding="utf-8", errors="replace")
@@ -100,18 +86,18 @@ def test_no_secret_in_any_file_or_stream(scenario: Scenario) -> None:
     streams["json run"] = _die_during_the_agent(scenario, _start(scenario, "--json", "-v"))
 
     runbook_path = str(scenario.runbook_path)
-    streams["status"] = _command(scenario, "status", str(scenario.workspace))
-    streams["status --json"] = _command(scenario, "status", "--json", str(scenario.workspace))
-    streams["deaths"] = _command(scenario, "deaths", runbook_path, *facts)
-    streams["deaths --json"] = _command(scenario, "deaths", str(scenario.workspace), "--json")
+    streams["status"] = scenario.command("status", str(scenario.workspace))
+    streams["status --json"] = scenario.command("status", "--json", str(scenario.workspace))
+    streams["deaths"] = scenario.command("deaths", runbook_path, *facts)
+    streams["deaths --json"] = scenario.command("deaths", str(scenario.workspace), "--json")
     report = scenario.workspace / "report.html"
-    streams["report"] = _command(scenario, "report", str(scenario.workspace), "-o", str(report))
-    streams["--check"] = _command(scenario, runbook_path, "--check", *facts)
-    streams["--check --json"] = _command(scenario, runbook_path, "--check", "--json", *facts)
-    streams["diagnose"] = _command(scenario, "diagnose", runbook_path, *facts)
+    streams["report"] = scenario.command("report", str(scenario.workspace), "-o", str(report))
+    streams["--check"] = scenario.command(runbook_path, "--check", *facts)
+    streams["--check --json"] = scenario.command(runbook_path, "--check", "--json", *facts)
+    streams["diagnose"] = scenario.command("diagnose", runbook_path, *facts)
     scenario.standin.stop()  # a refused probe's detail names the URL, secret and all
-    streams["probe"] = _command(scenario, "probe", runbook_path, *facts)
-    streams["probe --json"] = _command(scenario, "probe", "--json", runbook_path, *facts)
+    streams["probe"] = scenario.command("probe", runbook_path, *facts)
+    streams["probe --json"] = scenario.command("probe", "--json", runbook_path, *facts)
 
     files = _written_files(scenario.workspace)
     assert {

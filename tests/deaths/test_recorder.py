@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 from e2e_helpers import Scenario
+from gpu_helpers import nvml_works
 from standin_helpers import StandIn, python_env, wait_for
 
 from ralph_runner.deaths.recorder import Recorder, Ring, Settings, parse_metrics
@@ -236,17 +237,6 @@ def test_a_metric_the_server_does_not_expose_is_reported_once(tmp_path: Path) ->
     else:  # none here: said once, never an exception
         assert not any("gpu" in s for s in samples)
         assert len(notes(tmp_path / "ring", "GPU memory not sampled: no NVIDIA driver")) == 1
-
-
-def nvml_works() -> bool:
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 def test_the_window_holds_the_last_minutes_only(tmp_path: Path) -> None:

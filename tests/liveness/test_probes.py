@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from gpu_helpers import nvml_works
 from pydantic import ValidationError
 from standin_helpers import StandIn, free_port, live_children, unique_token, wait_for
 
@@ -426,21 +427,10 @@ def test_process_params_need_a_field_and_a_valid_regex():
 # gpu
 
 
-def _nvml_works() -> bool:
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
 def test_gpu_probe_without_driver_fails_softly(client):
     result = probe("gpu", {"index": 0, "min_free_mib": 1}, client)
 
-    if _nvml_works():
+    if nvml_works():
         assert result.detail.startswith("GPU 0: ") and "MiB free" in result.detail
     else:
         assert (result.ok, result.reason) == (False, "error")
@@ -577,7 +567,7 @@ def test_nvml_action_without_driver(tmp_path):
 
     result = module.run(None, task_context(tmp_path))
 
-    if _nvml_works():
+    if nvml_works():
         assert result.ok and "GPU 0: " in result.output
     else:
         assert not result.ok

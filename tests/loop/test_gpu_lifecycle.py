@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_helpers import RalphRun, Scenario, make_workspace
+from gpu_helpers import nvml_works
 from standin_helpers import START_SCRIPT, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -222,6 +223,9 @@ def test_a_kill_9_is_reported_by_the_next_run_before_it_acquires_again(
     assert sched.asked().count(f"acquire {JOB} {GB} -> 0") == 2
     assert sched.asked().count(f"release {JOB} -> 0") == 1
     assert not (scenario.workspace / ".ralph" / "held").exists()
+    shown = scenario.command("status", str(scenario.workspace))  # the operator's view
+    assert f"the last run (pid {first.process.pid}, setup at " in shown, shown
+    assert "lifecycle:  setup done" in shown, shown
 
 
 def test_a_death_with_the_lock_still_held_is_mended_with_no_strike(scenario: Scenario) -> None:
@@ -411,18 +415,7 @@ def test_the_shipped_vllm_local_example_runs_the_lifecycle(scenario: Scenario) -
     assert sched.holders() == {}
 
 
-def nvidia_driver() -> bool:
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
-@pytest.mark.skipif(nvidia_driver(), reason="this machine has an NVIDIA driver")
+@pytest.mark.skipif(nvml_works(), reason="this machine has an NVIDIA driver")
 def test_with_no_driver_the_wait_says_so_once_and_falls_back(scenario: Scenario) -> None:
     """No NVML: the scheduler's answer alone counts, or with no command a fixed delay."""
     sched = lifecycle(scenario, ["one"])
