@@ -284,6 +284,17 @@ class WorkerRetry(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Governed(Event):
+    """`workers: auto` changed how many workers may be in flight, and why (loop/governor.py)."""
+
+    NAME = "governor"
+    workers: int  # admitted now
+    was: int
+    of: int  # max_workers
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Interrupted(Event):
     NAME = "interrupted"
     signal: str
@@ -550,7 +561,7 @@ KINDS: dict[str, type[Event]] = {
         Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed, Recovery, Recorder,
         Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep, PauseSteps, ResumeSteps,
         BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary, WorkerStarted,
-        WorkerLanded, WorkerConflict, WorkerRetry,
+        WorkerLanded, WorkerConflict, WorkerRetry, Governed,
     )
 }  # fmt: skip
 """Every event class by its --json name."""

@@ -349,6 +349,10 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             then = "once the earlier items settle" if e.waits else "now"
             line = f"  worker {e.worker}: {e.item!r} again {then}, no strike ({e.reason})"
             return p("yellow", line)
+        case events.Governed():
+            more = "admitted" if e.workers > e.was else "shed"
+            line = f"  governor: {e.was} -> {e.workers} of {e.of} workers ({more}: {e.reason})"
+            return p("cyan", line)
         case events.Summary():
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
             return p(

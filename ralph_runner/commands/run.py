@@ -38,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=options.positive,
+        type=options.workers,
         default=None,
-        metavar="N",
-        help="checklist items at once, each in its own git worktree (default: the runbook's "
-        "loop.workers, 1); see docs/workers.md",
+        metavar="N|auto",
+        help="checklist items at once, each in its own git worktree, or auto: as many as the "
+        "server has headroom for (default: the runbook's loop.workers, 1); see docs/workers.md",
     )
     parser.add_argument(
         "--check",

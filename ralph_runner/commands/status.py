@@ -106,7 +106,12 @@ def human_lines(status: CheckedStatus) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
-    if status["running"]:  # loop.workers > 1: each worker's item
+    if status["running"]:  # loop.workers > 1: each worker's item; auto: the governor's say
+        if governor := status.get("governor"):
+            lines.append(
+                f"governor:   {governor['workers']} of {governor['max_workers']} workers "
+                f"({governor['reason']})"
+            )
         for worker in status.get("workers", []):
             doing = worker["item"] or "idle"
             where = f" ({worker['phase']})" if worker["item"] and worker["phase"] else ""

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import cast
+from typing import Literal, cast
 
 from ralph_runner import events
 from ralph_runner.actions import KINDS, UNWATCHED, TaskResult
@@ -40,11 +40,16 @@ QUICK = frozenset(key for key, kind in KINDS.items() if getattr(kind, "QUICK", F
 class Runner:
     """Runs one plan's loop until the checklist is done, max_iterations, give-up or a signal."""
 
-    def __init__(self, plan: Plan, bus: EventBus, workers: int | None = None) -> None:
+    def __init__(
+        self, plan: Plan, bus: EventBus, workers: int | Literal["auto"] | None = None
+    ) -> None:
         self.plan, self.bus = plan, bus
         self.model = plan.model
-        # loop.workers, or --workers: more than 1 runs items at once (loop/workers.py)
-        self.workers = workers or plan.model.loop.workers
+        # loop.workers, or --workers: more than 1 runs items at once (loop/workers.py); auto:
+        # up to loop.max_workers, as many as the server has headroom for (loop/governor.py)
+        wanted = workers or plan.model.loop.workers
+        self.auto = wanted == "auto"
+        self.workers = plan.model.loop.max_workers if wanted == "auto" else wanted
         self.pool: workers_pool.Pool | None = None
         self._saving = threading.RLock()  # workers' threads save too
         self.store = state.Store(plan.workdir, bus.redactor, bus.warn)
@@ -154,8 +159,8 @@ class Runner:
         self.in_repo = git.is_repo(self.plan.workdir)
         if self.workers > 1 and (not self.in_repo or git.head(self.plan.workdir) is None):
             raise FatalError(
-                f"workers: {self.workers} needs the workdir in a git repository with a commit "
-                "(each attempt works in its own git worktree)"
+                f"workers: {'auto' if self.auto else self.workers} needs the workdir in a git "
+                "repository with a commit (each attempt works in its own git worktree)"
             )
 
     def _resume(self) -> state.State:
@@ -179,7 +184,7 @@ class Runner:
 
     def _loop(self) -> int:
         if self.workers > 1:
-            self.pool = workers_pool.Pool(self, self.workers)
+            self.pool = workers_pool.Pool(self, self.workers, self.auto)
             return self.pool.run()
         limit = self.model.loop.max_iterations
         warned = False
@@ -424,6 +429,8 @@ class Runner:
         }
         if self.pool is not None:
             status["workers"] = self.pool.statuses()
+            if self.pool.governor is not None:
+                status["governor"] = self.pool.governor.fields()
         if (blocks := self.lifecycle.fields()) is not None:
             status["lifecycle"] = blocks
         if counts is not None:  # none: the checklist was never read

@@ -15,10 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from ralph_runner import events
 from ralph_runner.actions import UNWATCHED, TaskResult
@@ -26,133 +23,33 @@ from ralph_runner.deaths.record import Facts
 from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.liveness.step_watch import Watch
-from ralph_runner.loop import failures, idle, limit_hold, pause, proxy
+from ralph_runner.loop import failures, governor, idle, limit_hold, pause, proxy
+from ralph_runner.loop.attempt import Attempt, AttemptRun, Runner
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.output import plural
-from ralph_runner.process import execute, output_text
+from ralph_runner.process import execute
 from ralph_runner.runbook import tasks
 from ralph_runner.workspace import checklist, git, worktrees
 from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import Worker
 
 if TYPE_CHECKING:
-    from ralph_runner.durable.redaction import Redactor
-    from ralph_runner.liveness.health import Health
-    from ralph_runner.liveness.service import Service
-    from ralph_runner.loop.state import State
-    from ralph_runner.output import EventBus
-    from ralph_runner.process.signals import InterruptsRaise
     from ralph_runner.runbook.loader import TaskSpec
-    from ralph_runner.runbook.plan import Plan
-    from ralph_runner.runbook.schema import Runbook
 
 CONFLICT_RETRIES = 3  # conflicting landings of one item retried before one counts as a failure
 JOIN_SECONDS = 30.0  # how long a stop waits for the attempts' threads (their trees are killed)
 
 
-class Runner(Protocol):
-    """What the workers need of the run (runner.Runner): its run-wide, shared parts."""
-
-    plan: Plan
-    model: Runbook
-    bus: EventBus
-    state: State
-    stop: threading.Event
-    redactor: Redactor
-    checklist_path: Path
-    housekeeping: Callable[[str, str], bool]
-    proxy: proxy.Proxy | None
-    health: Health
-    service: Service
-    signals: InterruptsRaise
-    pause: pause.Pause
-
-    def save(self, status_only: bool = False) -> None: ...
-    def forget_counts(self) -> None: ...
-    def checklist_counts(self) -> checklist.Counts: ...
-    def summary(self, text: str, stopped: bool = False) -> None: ...
-
-
-@dataclass
-class Attempt:
-    """One item's attempt by one worker: its worktree and how it ends."""
-
-    worker: int
-    item: checklist.Item
-    strikable: bool  # every earlier item was settled when it started
-    epoch: int  # the run's deaths when it started: a later death ended it
-    tree: worktrees.Tree | None = None
-    phase: str | None = "starting"
-    iteration: Iteration | None = None
-    killed: threading.Event = field(default_factory=threading.Event)
-    paused: bool = False  # `pause --now` killed it: no outcome, the item comes again
-    step_cancel: threading.Event | None = None
-    thread: threading.Thread | None = None
-
-
-class AttemptRun:
-    """What an Iteration and the LOOP_ONLY actions need, for one attempt in its worktree."""
-
-    def __init__(self, pool: Pool, attempt: Attempt, workdir: Path, checklist_path: Path) -> None:
-        runner = pool.runner
-        self.pool, self.attempt = pool, attempt
-        self.plan, self.bus, self.state = runner.plan, runner.bus, runner.state
-        self.stop, self.redactor = runner.stop, runner.redactor
-        self.workdir, self.checklist_path = workdir, checklist_path
-        self.in_repo = True
-        self._lines = output_text.Lines()  # `-v`: a line over 64 KiB comes in cut pieces
-
-    def show_output(self, text: str) -> None:
-        """`-v`: the attempt's step output, a line at a time, escape codes left out."""
-        for line in self._lines.feed(text):
-            self.bus.emit(events.Output(step=self.attempt.phase, text=line))
-
-    def flush_output(self) -> None:
-        if (last := self._lines.end()) is not None:
-            self.bus.emit(events.Output(step=self.attempt.phase, text=last))
-
-    @property
-    def limited_since(self) -> float | None:
-        """The first of the limited attempts in a row, the pool's: the quota is shared."""
-        return self.pool.hold.since
-
-    @limited_since.setter
-    def limited_since(self, value: float | None) -> None:
-        self.pool.hold.since = value
-
-    def save(self, status_only: bool = False) -> None:
-        self.pool.runner.save(status_only)
-
-    def forget_counts(self) -> None:
-        self.pool.runner.forget_counts()
-
-    def snapshot(self) -> git.Snapshot | None:
-        return git.snapshot(self.workdir).without(self.pool.runner.housekeeping)
-
-    @property
-    def item_in_hand(self) -> str | None:
-        return self.attempt.item.text
-
-    @property
-    def before(self) -> git.Snapshot | None:
-        it = self.attempt.iteration
-        return it.before if it else None
-
-    def look_at_tree(self) -> git.Snapshot | None:
-        it = self.attempt.iteration
-        return it.look_at_tree() if it else self.snapshot()
-
-    def ensure_alive(self, phase: str, context: dict[str, object]) -> TaskResult:
-        started = time.monotonic()
-        self.pool.ensure_service(self.attempt, phase, context)
-        return TaskResult(ok=True, seconds=time.monotonic() - started)
-
-
 class Pool:
     """The workers of one run: the scheduler (`run`, the main thread) and its attempts."""
 
-    def __init__(self, runner: Runner, workers: int) -> None:
+    def __init__(self, runner: Runner, workers: int, auto: bool = False) -> None:
+        """`workers`: at most this many at once; `auto`: as many as the governor admits."""
         self.runner, self.size = runner, workers
+        self.admitted = 1 if auto else workers  # the attempts that may be in flight now
+        self.governor = governor.Governor(
+            runner.model.loop.governor, metrics_url(runner), workers, self, runner.bus
+        ) if auto else None  # fmt: skip
         self.workdir = runner.plan.workdir
         self.top = git.top(self.workdir)
         self.lock = threading.RLock()  # the schedule, the state's counters, the checklist
@@ -176,10 +73,25 @@ class Pool:
         for left in worktrees.stale(self.top):
             runner.bus.warn(f"removed what a killed run left: {left}")
         runner.bus.follow(self)  # a Death kills every attempt in flight
+        if self.governor is not None:
+            runner.bus.follow(self.governor)  # a KV-pressure death sheds one
+            self.governor.start()
         try:
             return self._schedule()
         finally:
+            if self.governor is not None:
+                self.governor.stop()
             self._halt()
+
+    def in_flight(self) -> int:
+        return len(self.attempts)
+
+    def admit(self, workers: int) -> None:
+        """The governor's decision: at most `workers` in flight from now (none is killed)."""
+        with self.changed:
+            self.admitted = workers
+            self.changed.notify_all()
+        self.runner.save(status_only=True)
 
     def _schedule(self) -> int:
         runner, st = self.runner, self.runner.state
@@ -203,7 +115,9 @@ class Pool:
                     continue
                 started = False
                 held = self.hold.left() is not None
-                while not (at_limit or held or self.recovering) and len(self.attempts) < self.size:
+                while (
+                    not (at_limit or held or self.recovering) and len(self.attempts) < self.admitted
+                ):
                     item = self._next(todo)
                     if item is None:
                         break
@@ -212,6 +126,9 @@ class Pool:
                     at_limit = bool(limit) and before + self.begun >= limit
                 if not started:
                     self.changed.wait(timeout=1.0)  # woken by an attempt's end; 1 s: signals
+
+    def _room(self) -> bool:
+        return len(self.attempts) < self.admitted
 
     def _paused(self) -> bool:
         """`ralph-run pause`: start nothing more; with --now, stop the attempts in flight; once
@@ -266,7 +183,7 @@ class Pool:
         return None
 
     def _start(self, item: checklist.Item, todo: list[checklist.Item]) -> None:
-        worker = next(n for n in range(1, self.size + 1) if n not in self.attempts)
+        worker = next(n for n in range(1, self.size + 1) if n not in self.attempts)  # lowest free
         strikable = not any(other.index < item.index for other in todo)
         attempt = Attempt(worker, item, strikable, self.runner.state.deaths)
         self.attempts[worker] = attempt
@@ -569,9 +486,25 @@ class Pool:
         found: list[Worker] = []
         for n in range(1, self.size + 1):
             attempt = attempts.get(n)
+            if attempt is None and n > self.admitted:
+                continue  # not admitted now (workers: auto)
             found.append({
                 "worker": n,
                 "item": attempt.item.text if attempt else None,
                 "phase": attempt.phase if attempt else None,
             })  # fmt: skip
         return found
+
+
+def metrics_url(runner: Runner) -> str:
+    """Where `workers: auto` looks: `loop.governor.metrics`, else the `progress` probe's."""
+    given = runner.model.loop.governor.metrics
+    if given:
+        return runner.plan.templar.render(given, runner.plan.variables)
+    for spec in runner.health.probes:
+        if spec.kind == "progress":
+            return str(spec.params.metrics)
+    raise FatalError(
+        "workers: auto reads the server's /metrics: add a `progress` probe, "
+        "or give loop.governor.metrics"
+    )

@@ -84,6 +84,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "worker-landed": (["worker", "item", "commits", "head"], []),
     "worker-conflict": (["worker", "item", "conflicts", "of", "reason"], []),
     "worker-retry": (["worker", "item", "reason", "waits"], []),
+    "governor": (["workers", "was", "of", "reason"], []),
 }  # fmt: skip
 
 
