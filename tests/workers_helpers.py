@@ -52,7 +52,7 @@ def prepare(
     git(scenario.workspace, "commit", "-qm", "shared")
     data = runbook(watch=0.3, max_iterations=0)
     agent = (
-        "{{ python }} -m ralph_runner.standin.agent --url {{ base_url }} --model {{ model }}"
+        "{{ python }} -m ralph_runner.standin.agent --url {{ agent_base_url }} --model {{ model }}"
         f" --timeout 5 --checklist /dev/null --no-commit --sleep {{{{ {sleep} }}}}"
         " -- {{ item.text | quote }}"
         f" && {work} {{{{ item.text | quote }}}}"

@@ -101,8 +101,9 @@ class GitReceipt(TypedDict):
     deletions: int | None
 
 
-# What the loop's agent proxy has counted so far (Proxy.settled); None: no proxy runs.
-Meter = Callable[[], ProxyTotals]
+# What the loop's agent proxy has counted so far (Proxy.meter): all of it, or one worker's
+# (loop.workers > 1: each worker's agent has its own URL); None: no proxy runs.
+Meter = Callable[[int | None], ProxyTotals]
 NO_PROXY = "no agent proxy (loop.proxy): the loop's own tokens are not counted"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's empty tree (SHA-1 repositories)
 SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
@@ -118,6 +119,7 @@ class _Begun:
     tokens: float | None
     tokens_why: str | None
     meter: ProxyTotals | None
+    worker: int | None
 
 
 class History:
@@ -148,10 +150,13 @@ class History:
         # start facts wait here, by iteration, while another's are in hand
         self.overlapping = False
         self._others: dict[int, _Begun] = {}
+        self._worker_of: dict[int, int] = {}  # iteration -> its worker, till its line begins
+        self._worker: int | None = None  # the line in hand's worker: its receipt is its own
 
     def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.WorkerStarted):
             self.overlapping = True
+            self._worker_of[event.iteration] = event.worker
         if isinstance(event, events.Iteration):
             if self.overlapping:
                 self._stash()
@@ -195,6 +200,7 @@ class History:
                 self._tokens_at_start,
                 self._tokens_why,
                 self._meter_at_start,
+                self._worker,
             )
             self.open = None
 
@@ -202,7 +208,7 @@ class History:
         begun = self._others.pop(iteration)
         self.open, self._started, self._head_before = begun.line, begun.started, begun.head
         self._tokens_at_start, self._tokens_why = begun.tokens, begun.tokens_why
-        self._meter_at_start = begun.meter
+        self._meter_at_start, self._worker = begun.meter, begun.worker
 
     def close(self, outcome: str) -> None:
         """Write the iteration in hand with `outcome`; nothing when none is open."""
@@ -228,6 +234,7 @@ class History:
         now = time.time()
         self._started = time.monotonic()
         self._tokens_at_start, self._tokens_why = self._read_tokens()
+        self._worker = self._worker_of.pop(event.iteration, None)
         self._meter_at_start = self._read_meter()
         self._head_before = self._head()
         self.open = {
@@ -250,7 +257,7 @@ class History:
         if self.meter is None:
             return None
         try:
-            return self.meter()
+            return self.meter(self._worker)
         except Exception as exc:  # receipts are never a reason to lose the line
             self.warn(f"the agent proxy's counters could not be read: {exc}")
             return None

@@ -93,7 +93,7 @@ class Runner:
             execute.tree_guard(),
             proxy.running(self.plan, self.bus.warn) as self.proxy,
             wiring.attached(
-                self.plan, self.bus, self.store.dir, self.proxy.settled if self.proxy else None
+                self.plan, self.bus, self.store.dir, self.proxy.meter if self.proxy else None
             ) as session,
         ):
             self.state = self._resume()

@@ -219,7 +219,10 @@ class Pool:
         workdir = attempt.tree.path / self.workdir_rel
         run = AttemptRun(self, attempt, workdir, attempt.tree.path / self.checklist_rel)
         before = run.snapshot()
-        extra = {**proxy.variables(runner.plan, runner.proxy), "workdir": str(workdir)}
+        label = proxy.worker_label(attempt.worker)  # its agent's own proxy URL: its receipts
+        meter = runner.proxy
+        ours = (lambda: meter.in_flight(label) > 0) if meter is not None else None
+        extra = {**proxy.variables(runner.plan, runner.proxy, label), "workdir": str(workdir)}
         with self.lock:  # its number and its variables' (iteration, checklist) agree
             st.iteration += 1
             it = attempt.iteration = Iteration(run, attempt.item, before)
@@ -243,7 +246,7 @@ class Pool:
             run=run,
             on_output=run.show_output if runner.bus.verbose else None,
             # the worktree's files (its own .ralph/ left out, none: the run's is above it)
-            idle=idle.watches(runner.plan, runner.health, workdir / STATE_DIR, workdir),
+            idle=idle.watches(runner.plan, runner.health, workdir / STATE_DIR, workdir, ours),
         )
         for spec in runner.plan.runbook.loop_steps:
             if attempt.killed.is_set() or self._stopping():

@@ -12,6 +12,7 @@ import os
 import signal
 
 import pytest
+import yaml
 from e2e_helpers import Scenario
 from standin_helpers import ralph, wait_for
 from workers_helpers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
@@ -181,3 +182,44 @@ def test_the_broken_agent_rule_compares_attempts_started_with_earlier_items_sett
     assert scenario.state()["status"] == "agent-broken"
     assert_clean(scenario)
     scenario.assert_nothing_left()
+
+
+def test_each_attempts_receipt_counts_its_own_requests(scenario: Scenario) -> None:
+    """With the agent proxy, each worker's agent has its own URL: overlapping attempts' history
+    lines each count their own request, not every request made meanwhile."""
+    prepare(scenario, [f"ok {n}" for n in range(1, 5)], workers=2, sleep="1",
+            loop={"proxy": True})  # fmt: skip
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    lines = [json.loads(line) for line in (scenario.workspace / ".ralph" / "iterations.jsonl")
+             .read_text().splitlines()]  # fmt: skip
+    assert len(lines) == 4
+    spans = sorted((line["started"], line["started"] + line["seconds"]) for line in lines)
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
+    assert [line["receipt"]["requests"] for line in lines] == [1, 1, 1, 1], lines
+    receipts = run.of("receipt")
+    assert sum(r["requests"] for r in receipts) == 4
+
+
+def test_a_quiet_agent_is_idle_while_other_workers_keep_the_server_busy(
+    scenario: Scenario,
+) -> None:
+    """`idle_timeout` with workers and the proxy: a worker's look at the service is its own
+    requests in flight; the server kept busy by another worker does not keep a silent agent
+    alive."""
+    prepare(scenario, ["ok 1", "ok 2"], workers=2, sleep="30 if iteration == 1 else 0.1",
+            loop={"proxy": True}, standin={"TOKENS_PER_SECOND": "2"})  # fmt: skip
+    scenario.standin.trigger(busy=16)  # worker 2's call streams for 8 s
+    data = yaml.safe_load(scenario.runbook_path.read_text())
+    data["loop"]["steps"][1]["idle_timeout"] = 2
+    scenario.runbook_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    stalled = run.of("strike", item="ok 1")
+    assert stalled and "stalled (no output, no CPU" in stalled[0]["reason"], run.of("strike")
+    # ... while worker 2's call still streamed (a run-wide look waited for its end)
+    busy = run.of("step-done", step="run the agent", worker=2)
+    assert busy and stalled[0]["time"] < busy[0]["time"], (stalled, busy)
+    ended = run.of("iteration-ended", item="ok 2")
+    assert ended and ended[0]["outcome"] == "done"
+    assert scenario.marks() == ["x", "x"]
