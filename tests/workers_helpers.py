@@ -38,11 +38,14 @@ def prepare(
     sleep: str = "0.3",
     loop: dict[str, Any] | None = None,
     standin: dict[str, str] | None = None,
+    watch: float = 0.3,
+    engine_probe: bool = False,
     **changes: dict[str, Any],
 ) -> Scenario:
     """The workspace (with shared.txt), a runbook with `workers` whose agent is WORK; `loop`:
     more of its loop section; `standin`: the stand-in's start settings (MAX_NUM_SEQS...);
-    `changes`: top-level runbook sections (checklist, limits)."""
+    `watch`, `engine_probe`: as e2e_helpers.runbook's; `changes`: top-level runbook sections
+    (checklist, limits)."""
     work = scenario.root / "work.sh"
     work.write_text(WORK)
     work.chmod(0o755)
@@ -50,7 +53,7 @@ def prepare(
     (scenario.workspace / "shared.txt").write_text("base\n")
     git(scenario.workspace, "add", "shared.txt")
     git(scenario.workspace, "commit", "-qm", "shared")
-    data = runbook(watch=0.3, max_iterations=0)
+    data = runbook(watch=watch, max_iterations=0, engine_probe=engine_probe)
     agent = (
         "{{ python }} -m ralph_runner.standin.agent --url {{ agent_base_url }} --model {{ model }}"
         f" --timeout 5 --checklist /dev/null --no-commit --sleep {{{{ {sleep} }}}}"

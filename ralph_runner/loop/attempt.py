@@ -62,6 +62,7 @@ class Attempt:
     item: checklist.Item
     strikable: bool  # every earlier item was settled when it started
     epoch: int  # the run's deaths when it started: a later death ended it
+    restarts: int  # the servers the probes had seen restarted by then (Health.restarts)
     tree: worktrees.Tree | None = None
     phase: str | None = "starting"
     iteration: Iteration | None = None

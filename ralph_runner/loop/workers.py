@@ -185,7 +185,8 @@ class Pool:
     def _start(self, item: checklist.Item, todo: list[checklist.Item]) -> None:
         worker = next(n for n in range(1, self.size + 1) if n not in self.attempts)  # lowest free
         strikable = not any(other.index < item.index for other in todo)
-        attempt = Attempt(worker, item, strikable, self.runner.state.deaths)
+        runner = self.runner
+        attempt = Attempt(worker, item, strikable, runner.state.deaths, runner.health.restarts()[0])
         self.attempts[worker] = attempt
         self.begun += 1
         attempt.thread = threading.Thread(
@@ -258,6 +259,7 @@ class Pool:
         if it.failed_step and not attempt.killed.is_set() and runner.plan.runbook.probes:
             runner.stop.wait(max(runner.model.health.interval, 1.0))
             self.ensure_service(attempt, "after-failure", None)
+            self._account_for(attempt)
         if self._stopping():  # a signal killed its steps: no outcome, the item comes again
             it.end("interrupted")
             return
@@ -334,6 +336,27 @@ class Pool:
             finally:
                 self._recovered()
         self.runner.forget_counts()
+
+    def _account_for(self, attempt: Attempt) -> None:
+        """As one worker's loop (Runner._account_for): a failed attempt during which another
+        server came to answer is a death of its own, recorded once for every worker; work
+        waiting with no progress is watched until the probes' stall window decides."""
+        runner = self.runner
+        health, interval = runner.health, runner.model.health.interval
+        with self.service_lock:
+            restarts, evidence = health.restarts()
+            if runner.state.deaths == attempt.epoch and restarts > attempt.restarts:
+                try:
+                    facts = self._facts(attempt)
+                    runner.service.restarted("after-failure", evidence or "a new server", facts)
+                finally:
+                    self._recovered()
+                return
+        limit = time.monotonic() + health.stall_window() + 2 * runner.model.health.watch
+        while runner.state.deaths == attempt.epoch and health.waiting_since() is not None:
+            if time.monotonic() > limit or runner.stop.wait(interval):
+                return
+            self.ensure_service(attempt, "after-failure", None)
 
     def _died(self, attempt: Attempt, phase: str, rounds: list, facts: Facts) -> None:
         with self.service_lock:

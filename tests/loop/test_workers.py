@@ -17,6 +17,8 @@ from e2e_helpers import Scenario
 from standin_helpers import ralph, wait_for
 from workers_helpers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
 
+from ralph_runner.probes.progress import metric_sum
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -223,3 +225,35 @@ def test_a_quiet_agent_is_idle_while_other_workers_keep_the_server_busy(
     ended = run.of("iteration-ended", item="ok 2")
     assert ended and ended[0]["outcome"] == "done"
     assert scenario.marks() == ["x", "x"]
+
+
+def test_a_restart_by_someone_else_under_two_attempts_is_one_death_no_strike(
+    scenario: Scenario,
+) -> None:
+    """Someone restarts the server while both workers' calls stream (no check during the step:
+    only the server's identity can tell): the calls fail, the first failed attempt's look
+    finds another server: one death of its own, no recovery, no strike, both items land."""
+    prepare(scenario, ["ok 1", "ok 2"], workers=2, sleep="0.1", watch=0, engine_probe=True,
+            standin={"TOKENS_PER_SECOND": "2"})  # fmt: skip
+    server = scenario.standin
+    server.admin("busy", 16)  # each call streams for 8 s
+    run = scenario.start()
+    wait_for(lambda: len(scenario.agent_processes()) >= 4, 20, "both agents")  # shell + agent
+    wait_for(lambda: metric_sum(server.get("/metrics").text, "vllm:num_requests_running") == 2,
+             20, "both calls")  # fmt: skip
+    starts = server.starts
+    agents = scenario.agent_processes()
+    for agent in agents:  # they learn of the restart only once the new server is up
+        agent.send_signal(signal.SIGSTOP)
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGKILL)
+    server.start(HEALTH_TIMEOUT="1")  # the restart by "someone else"
+    for agent in agents:
+        agent.send_signal(signal.SIGCONT)
+    assert run.wait() == 0, run.stderr
+    (death,) = scenario.records("death")
+    assert death["fault"] == "restarted by someone else"
+    assert server.starts == starts + 1  # ours only: the loop started nothing
+    assert not strikes(run)
+    assert scenario.marks() == ["x", "x"]
+    assert_clean(scenario)
