@@ -73,6 +73,7 @@ class Line(TypedDict):
     prompt_bytes: int
     deaths_before: int
     deaths: list[int]
+    worker: NotRequired[int]  # loop.workers > 1: the worker that made the attempt
     reason: NotRequired[str]
     strikes: NotRequired[int]
     limit: NotRequired[events.LimitFacts]
@@ -251,6 +252,8 @@ class History:
             "deaths_before": event.deaths,
             "deaths": [],
         }
+        if self._worker is not None:
+            self.open["worker"] = self._worker
 
     # -- receipts ------------------------------------------------------------------
     def _read_meter(self) -> ProxyTotals | None:

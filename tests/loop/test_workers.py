@@ -199,6 +199,7 @@ def test_each_attempts_receipt_counts_its_own_requests(scenario: Scenario) -> No
     spans = sorted((line["started"], line["started"] + line["seconds"]) for line in lines)
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
     assert [line["receipt"]["requests"] for line in lines] == [1, 1, 1, 1], lines
+    assert {line["worker"] for line in lines} == {1, 2}
     receipts = run.of("receipt")
     assert sum(r["requests"] for r in receipts) == 4
 
