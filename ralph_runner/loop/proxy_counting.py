@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 MAX_EVENT = 1024 * 1024  # bytes of one SSE event kept for counting; a longer one is not parsed
 
+
 @dataclass
 class Totals:
     """What went through the proxy since it started; differences of two give an iteration."""
@@ -183,5 +184,3 @@ def _pieces(chunk: dict[str, Any]) -> int:
 def before_first_token(counting: Counting | None) -> bool:
     """A stream whose first token has not come yet (its first bytes may be a role, a comment)."""
     return counting is not None and counting.stream and counting.first_token is None
-
-

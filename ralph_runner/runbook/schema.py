@@ -290,8 +290,8 @@ class Governor(Model):
     names default to vLLM's, give llama.cpp's (docs: workers) for llama-server."""
 
     metrics: str | None = None  # the server's /metrics; default: the `progress` probe's
-    every: PositiveFloat = 5.0  # seconds between two looks (one decision each at most)
-    settle: PositiveFloat = 15.0  # seconds of headroom at a level before another is admitted
+    every: PositiveFloat = 2.0  # seconds between two looks (one decision each at most)
+    settle: PositiveFloat = 4.0  # seconds of headroom at a level before another is admitted
     kv_cache_max: float = Field(0.9, gt=0.0, le=1.0)  # KV-cache use at which one is shed
     waiting: str = "vllm:num_requests_waiting"  # requests queued for a slot
     kv_cache: str | None = "vllm:kv_cache_usage_perc"  # KV-cache use, 0-1; null: not read
