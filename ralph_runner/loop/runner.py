@@ -162,6 +162,8 @@ class Runner:
                 f"workers: {'auto' if self.auto else self.workers} needs the workdir in a git "
                 "repository with a commit (each attempt works in its own git worktree)"
             )
+        if self.auto and self.workers > 1:
+            workers_pool.check_auto(self.plan)  # now, not after the setup blocks ran
 
     def _resume(self) -> state.State:
         loaded = self.store.load()

@@ -35,8 +35,13 @@ from ralph_runner.workspace.status_file import Worker
 
 if TYPE_CHECKING:
     from ralph_runner.runbook.loader import TaskSpec
+    from ralph_runner.runbook.plan import Plan
 
 CONFLICT_RETRIES = 3  # conflicting landings of one item retried before one counts as a failure
+NO_METRICS = (
+    "workers: auto reads the server's /metrics: add a `progress` probe, "
+    "or give loop.governor.metrics"
+)
 JOIN_SECONDS = 30.0  # how long a stop waits for the attempts' threads (their trees are killed)
 
 
@@ -530,7 +535,11 @@ def metrics_url(runner: Runner) -> str:
     for spec in runner.health.probes:
         if spec.kind == "progress":
             return str(spec.params.metrics)
-    raise FatalError(
-        "workers: auto reads the server's /metrics: add a `progress` probe, "
-        "or give loop.governor.metrics"
-    )
+    raise FatalError(NO_METRICS)
+
+
+def check_auto(plan: Plan) -> None:
+    """At preflight (before the setup blocks run): `workers: auto` has a /metrics to read."""
+    given = plan.model.loop.governor.metrics
+    if not given and not any(probe.kind == "progress" for probe in plan.runbook.probes):
+        raise FatalError(NO_METRICS)

@@ -83,3 +83,13 @@ def test_a_kv_cache_pressure_death_sheds_one_and_costs_no_strike(scenario: Scena
     assert len(run.of("death")) == 1
     assert not strikes(run)
     assert_clean(scenario)
+
+
+def test_auto_without_a_metrics_to_read_is_refused_before_anything_runs(
+    scenario: Scenario,
+) -> None:
+    prepare(scenario, ["ok 1"], workers="auto", loop={"max_workers": 4})  # no progress probe
+    run = scenario.start()
+    assert run.wait() == 2
+    assert "workers: auto reads the server's /metrics: add a `progress` probe" in run.stderr
+    assert not run.of("iteration") and not run.of("step")
