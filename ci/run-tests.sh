@@ -17,7 +17,8 @@ stamp() { echo "ci: $(date -u +%H:%M:%S) $*"; }
 export CI=true
 allow=()
 excuse() { allow+=("$1: ${2//;/,}"); } # tier/what, why (entries are `;` apart)
-for tier in vllm:real/vllm docker:docker/docker browser:browser/chromium agents:agents; do
+for tier in vllm:real/vllm llamacpp:llamacpp/llama.cpp docker:docker/docker browser:browser/chromium \
+  agents:agents; do
   install=${tier%%:*} what=${tier#*:}
   line=$(tail -n 1 ".cache/install-$install.out" 2>/dev/null || true)
   echo "ci: $install: ${line:-no output from ci/install-$install (.cache/install-$install.out)}"

@@ -3,7 +3,8 @@
 Every test belongs to one tier (its marker, given here from where it lives): `unit` (pure
 functions, no process started: the inner loop, `pytest -m unit`), `system` (real processes on
 loopback: the default), and the tiers that need an install: `ssh`, `browser`, `promtool`,
-`docker`, `agents`, `real`. The run ends with a table of the tiers: ran, skipped and why.
+`docker`, `agents`, `real`, `llamacpp`. The run ends with a table of the tiers: ran, skipped
+and why.
 
 Under `CI=true` a green run means every tier ran. Excuses are per test: a skipped test fails the
 run unless `RALPH_ALLOW_SKIP` (`tier/what: why; ...`, written by ci/run-tests.sh from the
@@ -29,12 +30,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the *_helpers modules, for every folder
 from e2e_helpers import RalphRun, Scenario
 
-TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real")
+TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp")
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
     "test_limit_patterns", "test_no_mirror_hosts", "test_json_events", "test_iteration",
     "test_status_file", "test_typed_files", "test_claude_limits", "test_governor_policy",
+    "test_fault_classes",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
@@ -51,7 +53,7 @@ SSH_MODULES = {
 # agents' recipes and scripted stand-in) needs nothing and runs anywhere.
 INSTALL_TIERS = {
     "ssh": "all", "browser": "all", "promtool": "all", "docker": "all",
-    "agents": "marked", "real": "marked",
+    "agents": "marked", "real": "marked", "llamacpp": "all",
 }  # fmt: skip
 NEEDS_INSTALL = "needs_install"  # the marker given here to a test that needs its tier's install
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -67,7 +69,7 @@ _excuses: dict[str, set[str]] = defaultdict(set)  # the entries that excused a s
 def tier_of(item: pytest.Item) -> str:
     path = Path(str(item.path))
     folder, module = path.parent.name, path.stem
-    if folder in ("real", "agents", "docker"):
+    if folder in ("real", "agents", "docker", "llamacpp"):
         return folder
     if module == "test_report_in_a_browser":
         return "browser"

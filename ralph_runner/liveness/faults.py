@@ -8,9 +8,11 @@ console's death line and `ralph-run deaths`' table by class.
 
 from __future__ import annotations
 
+import re
+
 from ralph_runner.probes import Finding, ProbeResult
 
-NOT_RUNNING = "not running"  # the first check of a run found nothing listening: a start
+NOT_RUNNING = "not running"  # the first check of a run found nothing serving yet: a start
 GONE = "server gone"  # refused: nothing listens (the API server exited)
 DEAD = "engine dead"  # 500 / 503 (EngineDeadError), the API server still up
 STALLED_WORK = "engine stalled with work waiting"  # requests active, no progress
@@ -24,6 +26,20 @@ STALLED: dict[Finding, str] = {  # a stalled probe's finding -> the class
     "idle-unanswered": STALLED_IDLE,
     "asleep": ASLEEP,
 }
+
+
+# llama.cpp's answer to every request while its model loads: {"error": {"code": 503,
+# "message": "Loading model", "type": "unavailable_error"}}
+LOADING = re.compile(r"\bHTTP 503\b.*\bLoading model\b", re.IGNORECASE | re.DOTALL)
+
+
+def not_serving_yet(result: ProbeResult) -> bool:
+    """A failed check that says the server is not serving *yet*: nothing listens, or it
+    answers that it is still loading its model (llama.cpp's 503). At a run's first check,
+    that is a server to start (or wait for), not a death."""
+    return result.reason == "refused" or (
+        result.reason == "status" and LOADING.search(result.detail) is not None
+    )
 
 
 def classify(results: list[ProbeResult]) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """ensure_alive, the seed's function made declarative: probe, confirm, capture, report, recover.
 
 Three things are not deaths of the kind the seed counted, and are told apart here:
-- the first check of a run finds nothing listening: the server is *not running*, so it is
-  started (the recovery steps, as a start), recorded as a `start`, not counted as a death;
+- the first check of a run finds nothing listening, or a server still loading its model
+  (llama.cpp answers 503 "Loading model"): the server is *not running* yet, so it is started
+  or waited for (the recovery steps, as a start), recorded as a `start`, not a death;
 - another loop on this host already recovers the same service: this loop records its own
   death, waits for that recovery (recovery_lock.py) and runs no step of its own;
 - the server was restarted by someone else during an attempt (`restarted`): a death record,
@@ -75,14 +76,15 @@ class Service:
         alive, rounds = self.health.check(iteration, cancel=self.stop)
         if alive:
             return
-        if first and all(r.reason == "refused" for r in rounds[-1] if not r.ok):
+        if first and all(faults.not_serving_yet(r) for r in rounds[-1] if not r.ok):
             self.start(rounds, facts)
         else:
             self.died(phase, rounds, facts)
 
     def start(self, rounds: list[list[ProbeResult]], facts: Facts) -> None:
-        """Nothing listened at the run's first check: start the service (the recovery steps)
-        and record a `start`, which no death statistic counts."""
+        """Nothing served at the run's first check (nothing listened, or a model was loading):
+        start the service (the recovery steps) and record a `start`, which no death statistic
+        counts."""
         now = time.time()
         failing = next(r for r in rounds[-1] if not r.ok)
         name = str(self.plan.variables.get("service_name", "the service"))

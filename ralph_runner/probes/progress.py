@@ -20,11 +20,14 @@ The hang bound is learned (docs: hangs, "The hang bound"): `margin` x the slowes
 seen in the last LEARN_WINDOW s (the longest time work was seen waiting with nothing moving
 before something moved again), within [`floor`, `ceiling`]. A prompt's first step is the one
 step that comes before anything of it could be measured: until the engine has stepped twice
-since the loop's newest request was sent (once may be the step it came during), B also covers
-what that request should take to its first token at the pace the loop's earlier requests
-showed (the agent proxy tells: `ctx.traffic`; a pace never measured gets the ceiling). vLLM
-publishes its gauges when an engine step ends, so during the first step of a prompt on an idle
-engine they say idle: the loop's own awaiting request is what shows that work is under way.
+since the loop's newest request was sent, and since the engine last took a request from its
+queue (once may be the step it came during; a request queued behind another's generation
+starts its first step only when it is taken), B also covers what that request should take to
+its first token at the pace the loop's earlier requests showed (the agent proxy tells:
+`ctx.traffic`; a pace never measured gets the ceiling); and while requests are queued, one of
+them may be the loop's, its first step still ahead. vLLM publishes its gauges when an engine
+step ends, so during the first step of a prompt on an idle engine they say idle: the loop's own
+awaiting request is what shows that work is under way.
 `stall_after: N` is the same rule with floor = ceiling = N (a fixed bound).
 
 Each check also notes which server answered: a new `process_start_time_seconds`, or counters
@@ -63,6 +66,7 @@ COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
 # every prefill chunk, a preemption is work too. A server without them is simply not asked.
 MOVING = ["vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]
 ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+QUEUED = ["vllm:num_requests_waiting"]  # of those, the ones waiting for a place to run
 STARTED = "process_start_time_seconds"  # which server answered
 SLEEP_STATE = "vllm:engine_sleep_state"  # its sample labelled sleep_state="awake" is 0 asleep
 RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
@@ -97,6 +101,9 @@ class Params(BaseModel):
     counters: list[str] = Field(default_factory=lambda: list(COUNTERS), min_length=1)
     # gauges whose change is an engine step too (the KV-cache use grows with each prefill chunk)
     moving: list[str] = Field(default_factory=lambda: list(MOVING))
+    # gauges of the requests queued (waiting for a place in the engine): when they go down, a
+    # request was taken and its first step begins (one of the loop's, maybe)
+    queued: list[str] = Field(default_factory=lambda: list(QUEUED))
     # gauges summed into the requests active: work that should make the numbers move
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
     stall: Stall | None = None  # the learned hang bound's limits (docs: hangs); unset: the defaults
@@ -135,6 +142,7 @@ class Scrape:
     motion: tuple[float | None, ...] = ()  # the moving gauges
     started: float | None = None  # the server's process start (epoch seconds)
     sleeping: bool = False  # vllm:engine_sleep_state says the engine is not awake
+    queued: float | None = None  # the queued gauges, summed (None: /metrics has none)
 
 
 @dataclass
@@ -177,6 +185,8 @@ class Memory(probes.Memory):
     answered: bool = False  # this server has answered a canary
     pace: Pace = field(default_factory=Pace)
     stepped: deque[float] = field(default_factory=lambda: deque(maxlen=4))  # latest steps seen
+    queued: float | None = None  # the queued gauges at the last check
+    taken: float | None = None  # the last check that saw the queue go down
     told_missing: set[str] = field(default_factory=set)  # names /metrics lacks, said once
     traffic: Callable[[], Awaiting | None] | None = None  # for `unanswered`: no context there
 
@@ -193,8 +203,12 @@ def bound(params: Params, memory: Memory, now: float, awaiting: Awaiting | None)
     """margin x (the slowest step seen, or what the loop's awaiting prompt should take),
     within [floor, ceiling]. Kept in `memory.bound` for status and the loop."""
     stall = params.limits()
-    if awaiting is not None and sum(t > awaiting.latest for t in memory.stepped) >= 2:
-        awaiting = None  # its first step is over: the steps measured cover the rest
+    # Its first step is over once the engine stepped twice since it was sent, and since a
+    # request was last taken from the queue, and none is queued (a queued one starts later).
+    since = max(awaiting.latest, memory.taken or 0.0) if awaiting is not None else 0.0
+    stepped = sum(t > since for t in memory.stepped) >= 2
+    if awaiting is not None and stepped and not memory.queued:
+        awaiting = None  # the steps measured cover the rest
     if params.stall_after is not None:
         found = Bound(stall.floor, f"stall_after {stall.floor:g} s")
     else:
@@ -239,6 +253,9 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
     active = seen.active or (awaiting.count if awaiting is not None else 0)
     last, last_motion = memory.total, memory.motion
     memory.total, memory.motion, memory.active = seen.total, seen.motion, active
+    queued, memory.queued = memory.queued, seen.queued
+    if queued is not None and seen.queued is not None and seen.queued < queued:
+        memory.taken = now  # a queued request was taken: its first step begins
     if restarted(memory, seen, last):
         memory.waiting_since = memory.still_at = None
         memory.answered = False  # a new server: it has answered nothing yet
@@ -324,11 +341,19 @@ def unanswered(params: Params, state: probes.Memory) -> Verdict | None:
     """/metrics did not answer in time. With work active at its last answer, the server may be
     starved rather than hung (a CPU engine generating on two cores kept its API server from
     answering /metrics for over 10 s, measured): busy within the hang bound without progress,
-    then stalled, as when it answers with numbers that stand still. Else an ordinary timeout."""
-    if not isinstance(state, Memory) or not state.active:
+    then stalled, as when it answers with numbers that stand still. The loop's own request
+    awaiting its first token is such work too, though the last answer said idle: a server that
+    answers /metrics from its engine's loop (llama.cpp's does, between tasks) may not while the
+    first batch of that prompt runs. Else an ordinary timeout."""
+    if not isinstance(state, Memory):
         return None
-    traffic = state.traffic
-    return without_tokens(params, state, state.active, awaiting=traffic() if traffic else None)
+    awaiting = state.traffic() if state.traffic is not None else None
+    active = state.active or (awaiting.count if awaiting is not None else 0)
+    if not active:
+        return None
+    if not state.active and state.waiting_since is None and awaiting is not None:
+        state.waiting_since = awaiting.since  # the engine has had it since it was sent
+    return without_tokens(params, state, active, awaiting=awaiting)
 
 
 def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -> Verdict:
@@ -424,7 +449,7 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
     if response.status_code != 200:
         detail = f"{params.metrics}: HTTP {response.status_code}: {excerpt(text)}"
         return Verdict(False, "status", detail)
-    names = [*params.counters, *params.active, *params.moving, STARTED]
+    names = [*params.counters, *params.active, *params.moving, *params.queued, STARTED]
     found = prometheus_text.samples(text, [*sample_names(names), SLEEP_STATE])
     sums = sums_of(found, names)
     counters = {name: sums[name] for name in params.counters}
@@ -443,9 +468,16 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
         sum(v or 0.0 for v in active.values()),
         note,
         motion=tuple(sums[name] for name in params.moving),
+        queued=total_of(sums, params.queued),
         started=sums[STARTED],
         sleeping=asleep(found),
     )
+
+
+def total_of(sums: dict[str, float | None], names: list[str]) -> float | None:
+    """The sum of `names`' values; None when /metrics has none of them."""
+    found = [sums[name] for name in names if sums[name] is not None]
+    return sum(v for v in found if v is not None) if found else None
 
 
 def asleep(found: list[prometheus_text.Sample]) -> bool:

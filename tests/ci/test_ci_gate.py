@@ -42,7 +42,8 @@ def run_gate(tmp_path: Path, *, venv: int, pip: int, tests: int) -> tuple[int, s
     checkout = tmp_path / "checkout"
     (checkout / "ci").mkdir(parents=True)
     shutil.copy2(GATE, checkout / "ci" / "run-tests.sh")
-    for install in ("vllm", "agents", "docker", "browser"):  # every tier's install went fine
+    # every tier's install went fine
+    for install in ("vllm", "llamacpp", "agents", "docker", "browser"):
         (checkout / ".cache").mkdir(exist_ok=True)
         (checkout / ".cache" / f"install-{install}.out").write_text(f"{install} tier: ready\n")
     log = tmp_path / "calls.log"
@@ -103,4 +104,6 @@ def test_the_gate_is_green_when_every_step_is(tmp_path: Path) -> None:
     assert calls == ["python3", "pip", "tests/run"]
     excused = next(line for line in output.splitlines() if line.startswith("ci: skips excused: "))
     # every tier's install said it was ready (this machine's sshd or promtool may be missing)
-    assert not any(f"{tier}/" in excused for tier in ("real", "agents", "docker", "browser"))
+    assert not any(
+        f"{tier}/" in excused for tier in ("real", "llamacpp", "agents", "docker", "browser")
+    )

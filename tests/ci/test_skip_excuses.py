@@ -119,7 +119,7 @@ def run_the_gate(checkout: Path, tmp_path: Path) -> tuple[int, str]:
     """ci/run-tests.sh in the copy: its venv and pip steps succeed (stand-ins), its tests/run
     runs the small agents tier; the other installs said they were ready."""
     shutil.copy2(ROOT / "ci" / "run-tests.sh", checkout / "ci" / "run-tests.sh")
-    for install in ("vllm", "docker", "browser"):
+    for install in ("vllm", "llamacpp", "docker", "browser"):
         (checkout / ".cache" / f"install-{install}.out").write_text(f"{install} tier: ready\n")
     write_script(
         tmp_path / "bin" / "python3",

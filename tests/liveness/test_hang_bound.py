@@ -8,7 +8,8 @@ shipped ones (floor 4, ceiling 120, watch 2) so that each case takes seconds:
   margin x the step;
 - a step slower than any before (twice the slowest) is no failure either;
 - the first long prompt on a fresh engine, its pace unmeasured (its first step shows nothing:
-  the gauges say idle): covered by the ceiling while the loop's request awaits its first token;
+  the gauges say idle): covered by the ceiling while the loop's request awaits its first token,
+  also when it waited behind a generation on an engine of one sequence;
 - a real hang after slow steps is stalled within the learned bound, not before it;
 - a fast engine's hang is stalled at the floor, and an idle one's within floor + the canary;
 - and through a real loop: a long prompt on a slow engine is no death, `status` shows the bound.
@@ -125,6 +126,12 @@ def agent_request(url: str, tokens: int, max_tokens: int = 20) -> Stream:
     return Stream(f"{url}/chat/completions", body)
 
 
+def generated(standin: StandIn) -> float:
+    """The tokens the engine generated so far (its /metrics)."""
+    text = httpx.get(f"{standin.root_url}/metrics", timeout=5).text
+    return progress.metric_sum(text, "vllm:generation_tokens_total") or 0.0
+
+
 def chunked(standin: StandIn, rate: float = RATE) -> None:
     standin.admin("prefill_tokens_per_second", rate).raise_for_status()
     standin.admin("prefill_chunk", CHUNK).raise_for_status()
@@ -170,6 +177,34 @@ def test_the_first_long_prompt_on_a_fresh_engine_gets_the_ceiling(standin, proxy
         wait_for(lambda: watcher.bound() == CEILING, 10, "the ceiling while it awaits")
         stream.wait(60)
     assert stream.error is None and stream.status == 200
+    assert watcher.failures() == [], watcher.failures()
+
+
+def test_a_long_prompt_deferred_behind_a_generation_is_no_failure(tmp_path):
+    """One sequence at a time (`--max-num-seqs 1`, llama.cpp's one slot): the loop's long
+    prompt (pace unmeasured: no streamed call yet; steps of 4 s) waits behind the loop's own
+    generation, whose tokens are engine steps taken after the prompt was sent. Its first step
+    starts only when that generation ends, and shows nothing: the ceiling still covers it (it
+    was the floor: "stalled", a false death)."""
+    server = StandIn(tmp_path / "standin")
+    child = server.spawn("--tokens-per-second", "200", "--max-num-seqs", "1")
+    try:
+        chunked(server, rate=CHUNK / 4.0)
+        with Proxy(server.url) as proxy, Watcher(server, proxy) as watcher:
+            body = {"model": "stand-in", "max_tokens": 600, "ignore_eos": True, "prompt": "x"}
+            generation = threading.Thread(  # 3 s of tokens, not streamed: no pace measured
+                target=httpx.post, args=(f"{proxy.url}/completions",), daemon=True,
+                kwargs={"json": body, "timeout": 60},
+            )  # fmt: skip
+            generation.start()
+            wait_for(lambda: generated(server) > 100, 10, "tokens to flow")
+            deferred = agent_request(proxy.url, 2 * CHUNK)
+            generation.join(60)
+            deferred.wait(60)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert deferred.error is None and deferred.status == 200
     assert watcher.failures() == [], watcher.failures()
 
 
