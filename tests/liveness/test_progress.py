@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -208,6 +209,26 @@ def test_metrics_late_while_work_is_active_is_busy_until_stall_after(engine, cli
     idle.check()
     engine.metrics_delay = 2 * idle.ctx.timeout
     assert verdict(idle.check()) == (False, "timeout")
+
+
+def test_metrics_late_while_the_loops_request_awaits_is_busy_though_last_seen_idle(engine, client):
+    """The last answer said idle, then the loop's own request was sent (the proxy tells) and
+    /metrics answers late (an engine that answers it between batches, in its first one): busy
+    within the stall window from when the request was sent, then stalled; without the
+    request, the same late answer is an ordinary timeout."""
+    awaiting: list[probes.Awaiting] = []  # what the proxy says: nothing yet
+    prober = Prober(client, params_for(engine, stall_after=3.0))
+    prober.ctx = replace(prober.ctx, traffic=lambda: awaiting[0] if awaiting else None)
+    assert prober.check().detail.startswith("idle")
+    sent = time.monotonic()
+    awaiting.append(probes.Awaiting(count=1, since=sent, latest=sent, expected=0.1))
+    engine.metrics_delay = 2 * prober.ctx.timeout
+    late = prober.check()
+    assert verdict(late) == (True, None), late.detail
+    assert "busy: 1 active" in late.detail, late.detail
+    while (result := prober.check()).ok:
+        assert time.monotonic() - sent < prober.params.stall_after + 2 + MARGIN
+    assert result.reason == "stalled" and result.finding == "work-stalled", result.detail
 
 
 def test_an_unanswered_canary_with_tokens_moving_meanwhile_is_busy(engine, prober):

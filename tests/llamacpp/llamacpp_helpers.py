@@ -218,7 +218,8 @@ def agent_command(
     """The runbook's `agent` variable (raw shell; the runbook appends the prompt). Call number
     `think` (counted in the file `calls`) first runs a long generation: in the background when
     `after` (shell) is to run beside it; of `tokens` tokens when given, else of THINK_SECONDS
-    (a client hanging up on the loop's proxy does not end the generation: see bench/results)."""
+    (llama-server goes on generating for a client that hung up on an unstreamed request:
+    measured still at it 15 s later, through the loop's proxy or not)."""
     standin = shlex.join([sys.executable, "-m", "ralph_runner.standin.agent"])
     options = shlex.join(["--model", SERVED_NAME, "--timeout", "120", "--"])
     agent = f'{standin} --url "$RALPH_BASE_URL" {options}'  # through the loop's proxy

@@ -1,0 +1,74 @@
+"""On a machine where llama-server could not be built, the llama.cpp tier skips every test with
+the install's one-line reason, and under CI only the excuse ci/run-tests.sh writes from that
+line (`llamacpp/llama.cpp: ...`) lets the run pass. The tier runs in a copy of the suite under
+tmp_path, whose `.cache/` has no llama.cpp (or says why), so this checkout's install does not
+matter."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def copy_of_the_tier(tmp_path: Path) -> Path:
+    checkout = tmp_path / "checkout"
+    (checkout / "tests").mkdir(parents=True)
+    shutil.copy2(ROOT / "pyproject.toml", checkout)
+    for helper in [ROOT / "tests" / "conftest.py", *(ROOT / "tests").glob("*_helpers.py")]:
+        shutil.copy2(helper, checkout / "tests")
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "tests" / "llamacpp", checkout / "tests" / "llamacpp", ignore=ignore)
+    return checkout
+
+
+def run_the_tier(checkout: Path, **env: str) -> tuple[int, str]:
+    drop = ("CI", "RALPH_ALLOW_SKIP", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
+    environ = {k: v for k, v in os.environ.items() if k not in drop and "PYTEST" not in k}
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*command, "tests/llamacpp"],
+        cwd=checkout,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("unavailable", [False, True], ids=["not-installed", "unavailable"])
+def test_without_llama_server_every_test_skips_with_the_installs_reason(
+    tmp_path: Path, unavailable: bool
+) -> None:
+    checkout = copy_of_the_tier(tmp_path)
+    reason = "llama.cpp not installed: run ci/install-llamacpp.sh"
+    if unavailable:
+        (checkout / ".cache").mkdir()
+        why = "llama-server did not build (see .cache/install-llamacpp.log)"
+        (checkout / ".cache" / "llamacpp.unavailable").write_text(why + "\n")
+        reason = f"llama.cpp unavailable here: {why}"
+    code, output = run_the_tier(checkout)
+    assert code == 0, output
+    assert re.search(r"^4 skipped in ", output.splitlines()[-1]), output
+    assert reason in output
+
+
+def test_under_ci_the_skipped_tier_fails_the_run_unless_its_install_said_why(
+    tmp_path: Path,
+) -> None:
+    checkout = copy_of_the_tier(tmp_path)
+    code, output = run_the_tier(checkout, CI="true")
+    assert code == 1, output
+    assert re.search(r"CI: the llamacpp tier skipped 4 test\(s\) that RALPH_ALLOW_SKIP", output)
+    excuse = "llamacpp/llama.cpp: llamacpp tier: skipped: no c++ here to build llama-server"
+    code, output = run_the_tier(checkout, CI="true", RALPH_ALLOW_SKIP=excuse)
+    assert code == 0, output
+    assert f"excused by RALPH_ALLOW_SKIP: {excuse}" in output
