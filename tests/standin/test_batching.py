@@ -13,13 +13,12 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from standin_helpers import StandIn, Target, long_request, wait_for
+from faithful_helpers import Target, long_request
+from standin_helpers import StandIn, wait_for
 
 from ralph_runner.standin.batching import CURVES, BatchCurve, parse_curve
 
@@ -31,13 +30,6 @@ LONG = 5000  # tokens a generation asks for: far more than a measurement lasts
 TOLERANCE = 0.15  # measured / expected, on two shared cores
 JSON = {"Content-Type": "application/json"}
 SAMPLE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.MULTILINE)
-
-
-@pytest.fixture
-def standin(tmp_path: Path) -> Iterator[StandIn]:
-    with StandIn(tmp_path / "vllm") as server:
-        yield server
-    assert server.processes() == []
 
 
 class Generation(threading.Thread):
