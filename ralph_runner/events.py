@@ -97,6 +97,7 @@ class Step(Event):
     NAME = "step"
     step: str
     action: str  # the action kind
+    worker: int | None = field(default=None, metadata=IF_NONE)  # loop.workers > 1: whose
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +112,7 @@ class StepDone(Event):
     stalled: bool = field(default=False, metadata=IF_FALSE)
     status: str  # "ok", or how it failed in words
     seconds: float
+    worker: int | None = field(default=None, metadata=IF_NONE)  # loop.workers > 1: whose
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,10 +210,12 @@ class LimitFacts(TypedDict):
 
 
 Outcome = Literal[
-    "done", "death", "strike", "skipped", "limited", "paused", "unknown",
+    "done", "death", "strike", "skipped", "limited", "paused", "unknown", "conflict", "deferred",
     "gave-up", "interrupted", "failed",
 ]  # fmt: skip
-"""How an iteration ended; the last three: the run ended inside it, and how."""
+"""How an iteration ended; the last three: the run ended inside it, and how. With workers:
+`conflict` (its landing conflicted: retried on the new head) and `deferred` (it failed while an
+earlier item was unsettled: retried once they are, no strike)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,6 +231,67 @@ class IterationEnded(Event):
     strikes: int | None = field(default=None, metadata=IF_NONE)
     # a usage limit: which, the wait, the reset
     limit: LimitFacts | None = field(default=None, metadata=IF_NONE)
+
+
+# -- workers (loop.workers > 1, loop/workers.py) ---------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStarted(Event):
+    """A worker took an item: its worktree and branch, and whether a failure would strike."""
+
+    NAME = "worker-started"
+    worker: int
+    iteration: int
+    item: str
+    branch: str
+    base: str  # the workdir's head it branched from
+    strikable: bool  # every earlier item was settled when it started
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerLanded(Event):
+    """An attempt's commits replayed onto the workdir's branch, its item ticked there."""
+
+    NAME = "worker-landed"
+    worker: int
+    item: str
+    commits: int  # the attempt's commits replayed (the checklist left out), the tick not counted
+    head: str  # the workdir's new head
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConflict(Event):
+    """A verified attempt did not apply on the new head: retried there, no strike (until `of`)."""
+
+    NAME = "worker-conflict"
+    worker: int
+    item: str
+    conflicts: int  # the item's conflicting landings so far
+    of: int  # the conflicts retried before one counts as a failure
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRetry(Event):
+    """An attempt that costs no strike: a death ended it, or an earlier item was unsettled."""
+
+    NAME = "worker-retry"
+    worker: int
+    item: str
+    reason: str
+    waits: bool  # it waits for the earlier items to settle before it runs again
+
+
+@dataclass(frozen=True, kw_only=True)
+class Governed(Event):
+    """`workers: auto` changed how many workers may be in flight, and why (loop/governor.py)."""
+
+    NAME = "governor"
+    workers: int  # admitted now
+    was: int
+    of: int  # max_workers
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -495,7 +560,8 @@ KINDS: dict[str, type[Event]] = {
         Limited, LimitedWait, IterationEnded, Interrupted, Summary, Warning, Death, Capture,
         Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed, Recovery, Recorder,
         Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep, PauseSteps, ResumeSteps,
-        BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary,
+        BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary, WorkerStarted,
+        WorkerLanded, WorkerConflict, WorkerRetry, Governed,
     )
 }  # fmt: skip
 """Every event class by its --json name."""

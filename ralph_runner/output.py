@@ -101,6 +101,8 @@ class EventBus:
         self.console = console
         self.redactor = redactor or Redactor([])
         self._followers: list[Follower] = []
+        # one event at a time: workers' threads emit too, and followers (the history) append
+        self._emitting = threading.RLock()
 
     @property
     def verbose(self) -> int:
@@ -114,13 +116,14 @@ class EventBus:
 
     def emit(self, event: events.Event) -> None:
         event = events.masked(event, self.redactor.data(event.json_fields()))
-        for follower in list(self._followers):
-            try:
-                follower.on_event(event)
-            except Exception as exc:  # a broken follower must never stop the loop
-                self._followers.remove(follower)
-                self.warn(f"event listener {follower!r} failed: {exc}")
-        self.console.on_event(event)
+        with self._emitting:
+            for follower in list(self._followers):
+                try:
+                    follower.on_event(event)
+                except Exception as exc:  # a broken follower must never stop the loop
+                    self._followers.remove(follower)
+                    self.warn(f"event listener {follower!r} failed: {exc}")
+            self.console.on_event(event)
 
     def warn(self, message: str) -> None:
         self.emit(events.Warning(message=message))
@@ -186,11 +189,13 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
                 f"{e.todo} todo, {e.skipped} skipped, {e.deaths} deaths)",
             )
         case events.Step():
-            return f"  → {e.step}" if verbose else None
+            whose = f"[{e.worker}] " if e.worker is not None else ""
+            return f"  → {whose}{e.step}" if verbose else None
         case events.StepDone():
             mark = p("green", "✓") if e.ok else p("red", "✗")
             failed = "" if e.ok else " " + p("red", _step_status(e))
-            return f"  {mark} {e.step} " + p("dim", f"{e.seconds:.1f}s") + failed
+            whose = f"[{e.worker}] " if e.worker is not None else ""
+            return f"  {mark} {whose}{e.step} " + p("dim", f"{e.seconds:.1f}s") + failed
         case events.Watch():
             return p("red", f"  ! service died during {e.step}: step killed")
         case events.Death():
@@ -325,6 +330,29 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             return p("dim", f"  ⏳ usage limit: {span(e.seconds)} left (until {e.until})")
         case events.Interrupted():
             return p("yellow", f"interrupted by {e.signal}: state saved (exit {e.exit_code})")
+        case events.WorkerStarted():
+            strikable = "" if e.strikable else " (earlier items unsettled: no strike if it fails)"
+            return p("bold", f"worker {e.worker}: iteration {e.iteration}: {e.item}") + p(
+                "dim", f"  on {e.branch}{strikable}"
+            )
+        case events.WorkerLanded():
+            return p("green", f"  worker {e.worker} landed {e.item!r}") + p(
+                "dim", f"  ({plural(e.commits, 'commit')}, head {e.head[:10]})"
+            )
+        case events.WorkerConflict():
+            return p(
+                "yellow",
+                f"  worker {e.worker}: {e.item!r} conflicts with what landed "
+                f"({e.conflicts}/{e.of}): retried on the new head, no strike",
+            )
+        case events.WorkerRetry():
+            then = "once the earlier items settle" if e.waits else "now"
+            line = f"  worker {e.worker}: {e.item!r} again {then}, no strike ({e.reason})"
+            return p("yellow", line)
+        case events.Governed():
+            more = "admitted" if e.workers > e.was else "shed"
+            line = f"  governor: {e.was} -> {e.workers} of {e.of} workers ({more}: {e.reason})"
+            return p("cyan", line)
         case events.Summary():
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
             return p(

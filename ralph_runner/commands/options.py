@@ -45,6 +45,11 @@ def each_host(parser: argparse.ArgumentParser, *, inventory_help: str, timeout: 
     )
 
 
+def workers(text: str) -> int | str:
+    """`--workers`: a whole number of at least 1, or `auto` (argparse's `type`)."""
+    return "auto" if text == "auto" else positive(text)
+
+
 def positive(text: str) -> int:
     """A whole number of at least 1 (argparse's `type`)."""
     try:

@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with several hosts: at most N loops at once (default 5)",
     )
     parser.add_argument(
+        "--workers",
+        type=options.workers,
+        default=None,
+        metavar="N|auto",
+        help="checklist items at once, each in its own git worktree, or auto: as many as the "
+        "server has headroom for (default: the runbook's loop.workers, 1); see docs/workers.md",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="validate and print the rendered plan; run and write nothing",
@@ -66,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     followers = _followers(selected, bus)
     code: int = ExitCode.INTERNAL  # what an unexpected exception will exit with
     try:
-        runner = Runner(selected, bus)
+        runner = Runner(selected, bus, getattr(args, "workers", None))
         crash.register(runner.store, bus.redactor)  # a crash marks this run, masks its secrets
         code = runner.run()
         return code

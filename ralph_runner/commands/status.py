@@ -106,6 +106,16 @@ def human_lines(status: CheckedStatus) -> list[str]:
     ]
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
+    if status["running"]:  # loop.workers > 1: each worker's item; auto: the governor's say
+        if governor := status.get("governor"):
+            lines.append(
+                f"governor:   {governor['workers']} of {governor['max_workers']} workers "
+                f"({governor['reason']})"
+            )
+        for worker in status.get("workers", []):
+            doing = worker["item"] or "idle"
+            where = f" ({worker['phase']})" if worker["item"] and worker["phase"] else ""
+            lines.append(f"worker {worker['worker']}:   {doing}{where}")
     lines.extend(_pause(status["pause"]) if status["running"] else _pause_left(status))
     if status["failure"]:  # why the run failed (exit 2): what its console said
         lines.append(f"error:      {status['failure']}")

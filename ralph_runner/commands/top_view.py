@@ -248,6 +248,9 @@ def cells(reading: LoopReading, now: float, stale: str | None = None) -> list[st
     item = status["item"] or ""
     if item:
         item += f" ({status['attempts'] + 1})"
+    elif workers := status.get("workers"):  # loop.workers > 1: the details list each one
+        doing = [w["item"] for w in workers if w["item"]]
+        item = f"{len(doing)}/{len(workers)} workers" + (f": {', '.join(doing)}" if doing else "")
     pause = status["pause"]
     since = (pause["since"] if pause else None) if status["paused"] else status["step_started"]
     step = duration(now - since) if status["running"] and since is not None else ""
@@ -475,6 +478,7 @@ def details(
     if reading is None or reading.status is None:
         return [*parts, Text(f"  {reading.error if reading else 'reading...'}")]
     engine = engine_lines(detailed.samples if detailed else None, width)
+    engine += worker_lines(reading.status)
     history = reading.history
     if budget is None:
         shown, out = HISTORY_SHOWN, LOG_LINES + 1
@@ -489,3 +493,23 @@ def details(
         parts.append(iterations(history, shown))
     parts += output_lines(detailed, out)
     return parts
+
+
+def worker_lines(status: CheckedStatus) -> list[Text]:
+    """`loop.workers` > 1: each worker's item and step; `workers: auto`: the governor's last
+    decision."""
+    if not status["running"]:
+        return []
+    lines = []
+    if governor := status.get("governor"):
+        lines.append(Text(printable(
+            f"  governor: {governor['workers']} of {governor['max_workers']} workers "
+            f"({governor['reason']})"
+        ), no_wrap=True, overflow="ellipsis"))  # fmt: skip
+    for worker in status.get("workers", []):
+        doing = worker["item"] or "idle"
+        step = f"  ({worker['phase']})" if worker["item"] and worker["phase"] else ""
+        line = Text(printable(f"  worker {worker['worker']}: {doing}{step}"), no_wrap=True)
+        line.overflow = "ellipsis"
+        lines.append(line)
+    return lines

@@ -21,6 +21,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import NotRequired, Protocol, Self, TypedDict
@@ -72,6 +73,7 @@ class Line(TypedDict):
     prompt_bytes: int
     deaths_before: int
     deaths: list[int]
+    worker: NotRequired[int]  # loop.workers > 1: the worker that made the attempt
     reason: NotRequired[str]
     strikes: NotRequired[int]
     limit: NotRequired[events.LimitFacts]
@@ -100,11 +102,25 @@ class GitReceipt(TypedDict):
     deletions: int | None
 
 
-# What the loop's agent proxy has counted so far (Proxy.settled); None: no proxy runs.
-Meter = Callable[[], ProxyTotals]
+# What the loop's agent proxy has counted so far (Proxy.meter): all of it, or one worker's
+# (loop.workers > 1: each worker's agent has its own URL); None: no proxy runs.
+Meter = Callable[[int | None], ProxyTotals]
 NO_PROXY = "no agent proxy (loop.proxy): the loop's own tokens are not counted"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's empty tree (SHA-1 repositories)
 SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
+
+
+@dataclass
+class _Begun:
+    """An open line and what its receipts start from, while another iteration's is in hand."""
+
+    line: Line
+    started: float
+    head: str | None
+    tokens: float | None
+    tokens_why: str | None
+    meter: ProxyTotals | None
+    worker: int | None
 
 
 class History:
@@ -131,12 +147,38 @@ class History:
         self._tokens_at_start: float | None = None
         self._tokens_why: str | None = None
         self._started = 0.0
+        # loop.workers > 1 (a `worker-started` seen): iterations overlap; each one's line and
+        # start facts wait here, by iteration, while another's are in hand
+        self.overlapping = False
+        self._others: dict[int, _Begun] = {}
+        self._worker_of: dict[int, int] = {}  # iteration -> its worker, till its line begins
+        self._worker: int | None = None  # the line in hand's worker: its receipt is its own
 
     def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.WorkerStarted):
+            self.overlapping = True
+            self._worker_of[event.iteration] = event.worker
         if isinstance(event, events.Iteration):
-            self.close("unknown")  # a line left open would be an iteration the loop abandoned
+            if self.overlapping:
+                self._stash()
+            else:
+                self.close("unknown")  # a line left open: an iteration the loop abandoned
             self._begin(event)
-        elif self.open is None:
+            return
+        if isinstance(event, events.Death):
+            for other in self._others.values():
+                other.line["deaths"].append(event.death)
+        in_hand = self.open["iteration"] if self.open is not None else None
+        if (
+            self.overlapping
+            and isinstance(event, events.IterationEnded)
+            and (event.iteration != in_hand)
+        ):
+            if event.iteration not in self._others:
+                return
+            self._stash()
+            self._unstash(event.iteration)
+        if self.open is None:
             return
         elif isinstance(event, events.Death):
             self.open["deaths"].append(event.death)
@@ -148,6 +190,26 @@ class History:
             if event.limit is not None:
                 self.open["limit"] = event.limit
             self.close(event.outcome)
+
+    def _stash(self) -> None:
+        """Keep the line in hand (with its start facts) aside, by its iteration."""
+        if self.open is not None:
+            self._others[self.open["iteration"]] = _Begun(
+                self.open,
+                self._started,
+                self._head_before,
+                self._tokens_at_start,
+                self._tokens_why,
+                self._meter_at_start,
+                self._worker,
+            )
+            self.open = None
+
+    def _unstash(self, iteration: int) -> None:
+        begun = self._others.pop(iteration)
+        self.open, self._started, self._head_before = begun.line, begun.started, begun.head
+        self._tokens_at_start, self._tokens_why = begun.tokens, begun.tokens_why
+        self._meter_at_start, self._worker = begun.meter, begun.worker
 
     def close(self, outcome: str) -> None:
         """Write the iteration in hand with `outcome`; nothing when none is open."""
@@ -173,6 +235,7 @@ class History:
         now = time.time()
         self._started = time.monotonic()
         self._tokens_at_start, self._tokens_why = self._read_tokens()
+        self._worker = self._worker_of.pop(event.iteration, None)
         self._meter_at_start = self._read_meter()
         self._head_before = self._head()
         self.open = {
@@ -189,13 +252,15 @@ class History:
             "deaths_before": event.deaths,
             "deaths": [],
         }
+        if self._worker is not None:
+            self.open["worker"] = self._worker
 
     # -- receipts ------------------------------------------------------------------
     def _read_meter(self) -> ProxyTotals | None:
         if self.meter is None:
             return None
         try:
-            return self.meter()
+            return self.meter(self._worker)
         except Exception as exc:  # receipts are never a reason to lose the line
             self.warn(f"the agent proxy's counters could not be read: {exc}")
             return None

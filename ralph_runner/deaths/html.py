@@ -40,6 +40,8 @@ OUTCOME_COLOURS = {
     "skipped": "#d62728",
     "death": "#6a3d9a",
     "limited": "#e6ab02",  # a usage limit waited out: no strike
+    "conflict": "#1f77b4",  # workers: its landing conflicted, retried on the new head
+    "deferred": "#aec7e8",  # workers: failed while an earlier item was unsettled, no strike
     "paused": "#66c2a5",  # `pause --now` ended the iteration: no outcome counted
     "gave-up": "#000000",
     "interrupted": "#7f7f7f",
@@ -168,6 +170,8 @@ def timeline(data: stats.Data, colour: dict[str, str]) -> Column | None:
             "iteration": np.array([_num(i.get("iteration")) for i in its], dtype=np.float32),
             "outcome": outcome,
             "item": [shorten(str(i.get("item") or ""), ITEM_CHARS) for i in its],
+            "host": [str(i.get("host") or "") for i in its],
+            "worker": [str(i.get("worker") or "-") for i in its],  # loop.workers > 1: whose
         }
     )
     outcomes = sorted(set(outcome), key=list(OUTCOME_COLOURS).index)
@@ -245,6 +249,7 @@ def timeline(data: stats.Data, colour: dict[str, str]) -> Column | None:
                 ("seconds", "@seconds{0.0}"),
                 ("outcome", "@outcome"),
                 ("host", "@host"),
+                ("worker", "@worker"),
             ],
         ),
         HoverTool(

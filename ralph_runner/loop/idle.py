@@ -64,20 +64,28 @@ def reason(seconds: float) -> str:
     return f"no output, no CPU, no change for {seconds:g} s"
 
 
-def watches(plan: Plan, health: Health, store_dir: Path) -> Callable[[float], StepIdle]:
+def watches(
+    plan: Plan,
+    health: Health,
+    store_dir: Path,
+    workdir: Path | None = None,
+    ours: Callable[[], bool] | None = None,
+) -> Callable[[float], StepIdle]:
     """The loop's factory of idle watches (tasks.TaskGroup.idle): one per task that sets
-    `idle_timeout`, watching the plan's workdir (ralph-run's own files left out) and the
-    service through the health's `progress` probes."""
+    `idle_timeout`, watching the plan's workdir (ralph-run's own files left out), or a
+    worker's `workdir` (its worktree's), and the service through the health's `progress`
+    probes; or, for a worker whose agent has its own proxy URL, `ours`: a request of its own
+    is in flight (other workers' requests keep the server busy, not this agent)."""
     from ralph_runner.deaths.log import records_path
 
     config = plan.model.diagnostics
     log = plan.path(("diagnostics", "log"), config.log)
     records = config.records and plan.path(("diagnostics", "records"), config.records)
     ignore = [store_dir, log, records_path(log, records)]
-    server = server_look(health)
+    server = ours or server_look(health)
 
     def make(seconds: float) -> StepIdle:
-        return StepIdle(seconds, plan.workdir, server, ignore)
+        return StepIdle(seconds, workdir or plan.workdir, server, ignore)
 
     return make
 

@@ -197,13 +197,7 @@ class Iteration:
     def _strike(self, failed: StepEntry) -> None:
         run, st, item = self.run, self.run.state, self.item
         failure = self.failure(failed)
-        previous = Failure.from_dict(st.last_failure)
-        if previous is not None and failure.same_as(previous):
-            if previous.item != item.text:
-                self._agent_broken(previous, failure)
-        else:
-            st.streak_skipped = []
-        st.last_failure = failure.as_dict()
+        self.charge(failure)
         strikes = st.strikes.get(item.text, 0) + 1
         st.strikes[item.text] = strikes
         most = run.plan.model.checklist.strikes
@@ -244,10 +238,41 @@ class Iteration:
             signatures=signatures,
         )
 
+    def charge(self, failure: Failure) -> None:
+        """The broken-agent rule: the same failure as the last one charged, on another item,
+        stops the run (AgentBroken); otherwise this one is the last to compare with."""
+        st = self.run.state
+        previous = Failure.from_dict(st.last_failure)
+        if previous is not None and failure.same_as(previous):
+            if previous.item != self.item.text:
+                self._agent_broken(previous, failure)
+        else:
+            st.streak_skipped = []
+        st.last_failure = failure.as_dict()
+
     def _waited_out(self) -> bool:
         """A failed attempt whose agent said "usage limit" (limits.py) is no strike and no
         failure for the broken-agent rule: wait for the reset (plus the margin) and retry the
         item, or stop (Limited, limits.exit_code) when it is further than limits.max_wait."""
+        wait = self.limited()
+        if wait is None:
+            return False
+        run, item, st = self.run, self.item, self.run.state
+
+        def countdown(left: float) -> None:
+            until = limits.when(wait.until)
+            run.bus.emit(events.LimitedWait(item=item.text, seconds=left, until=until))
+
+        try:
+            limits.wait_out(wait.until, run.stop, countdown)
+        finally:
+            st.limited = None
+        return True
+
+    def limited(self) -> limits.Wait | None:
+        """A usage limit in its output, said (`limited`, its history line, state.limited) and
+        its wait planned; Limited raised when the reset is beyond limits.max_wait. None: no
+        limit. The wait itself is the caller's (one worker waits here; a pool holds all)."""
         run, item = self.run, self.item
         config = run.plan.model.limits
         tails = "\n".join(failures.output_tail(o, run.redactor) for o in self.outputs)
@@ -255,7 +280,7 @@ class Iteration:
         limit = limits.find(tails, extra)
         if limit is None:
             run.limited_since = None
-            return False
+            return None
         now = time.time()
         since = run.limited_since = run.limited_since or now
         wait = limits.plan(
@@ -301,16 +326,7 @@ class Iteration:
         run.bus.emit(said)
         self.end("limited", limit=facts)
         run.save()
-
-        def countdown(left: float) -> None:
-            until = limits.when(wait.until)
-            run.bus.emit(events.LimitedWait(item=item.text, seconds=left, until=until))
-
-        try:
-            limits.wait_out(wait.until, run.stop, countdown)
-        finally:
-            st.limited = None
-        return True
+        return wait
 
     def _agent_broken(self, previous: Failure, failure: Failure) -> None:
         """Stop (exit 6): the agent, not the item, is failing. The failure is no strike, and the

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -51,10 +51,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ralph_runner.loop.proxy_counting import Counting, Totals, before_first_token
 from ralph_runner.probes import Awaiting
 
 if TYPE_CHECKING:
-    from ralph_runner.deaths.history import ProxyReceipt
     from ralph_runner.runbook.plan import Plan
 
 # Headers of one hop (RFC 9110 7.6.1), not forwarded; Host is the upstream's, set by httpx;
@@ -82,150 +82,6 @@ MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request body (a prompt, images incl
 TOO_LARGE = f"a request body over {MAX_REQUEST // 2**20} MiB"
 SETTLE = 0.5  # s an iteration's receipt waits for a request still being counted
 PACES = 16  # the latest streamed requests whose time to first token per byte is remembered
-MAX_EVENT = 1024 * 1024  # bytes of one SSE event kept for counting; a longer one is not parsed
-
-
-@dataclass
-class Totals:
-    """What went through the proxy since it started; differences of two give an iteration."""
-
-    requests: int = 0
-    errors: int = 0  # requests the upstream did not answer (refused, cut) or answered >= 400
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    estimated: int = 0  # requests whose generated tokens are content pieces (no usage given)
-    first_token_seconds: float = 0.0  # summed over the requests that had a first token
-    first_tokens: int = 0  # ... how many
-    generation_seconds: float = 0.0  # first token to the end, summed
-    request_seconds: float = 0.0  # request to the end of the response, summed
-
-    def minus(self, earlier: Totals) -> Totals:
-        mine, theirs = asdict(self), asdict(earlier)
-        return Totals(**{key: mine[key] - theirs[key] for key in mine})
-
-    def receipt(self) -> ProxyReceipt:
-        """The fields an iteration's history line gets."""
-        first = self.first_token_seconds / self.first_tokens if self.first_tokens else None
-        return {
-            "requests": self.requests,
-            "request_errors": self.errors,
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "tokens_estimated": self.estimated > 0,
-            "first_token_seconds": None if first is None else round(first, 3),
-            "generation_seconds": round(self.generation_seconds, 3),
-            "request_seconds": round(self.request_seconds, 3),
-        }
-
-
-class Counting:
-    """Reads one response's body as it passes: its usage, its content pieces, its timing."""
-
-    def __init__(self, started: float, stream: bool) -> None:
-        self.started, self.stream = started, stream
-        self.first_byte: float | None = None
-        self.first_token: float | None = None
-        self.usage: dict[str, Any] | None = None
-        self.pieces = 0
-        self._buffer = b""
-        self._body: list[bytes] = []
-        self._size = 0
-
-    def feed(self, chunk: bytes) -> None:
-        now = time.monotonic()
-        if self.first_byte is None:
-            self.first_byte = now
-        if not self.stream:
-            if self._size <= 16 * MAX_EVENT:
-                self._body.append(chunk)
-                self._size += len(chunk)
-            return
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            self._event(event, now)
-        if len(self._buffer) > MAX_EVENT:
-            self._buffer = b""
-
-    def finish(self) -> None:
-        if self.stream:
-            if self._buffer.strip():
-                self._event(self._buffer, time.monotonic())
-            return
-        try:
-            body = json.loads(b"".join(self._body))
-        except ValueError:
-            return
-        if isinstance(body, dict):
-            self.usage = _usage(body) or self.usage
-            if self.first_byte is not None and self.usage:
-                self.first_token = self.first_byte  # a whole answer: its first byte
-
-    def _event(self, event: bytes, now: float) -> None:
-        data = b"\n".join(
-            line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if not data or data == b"[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(chunk, dict):
-            return
-        usage = _usage(chunk)
-        if usage is None and isinstance(chunk.get("response"), dict):
-            usage = _usage(chunk["response"])  # responses: response.completed
-        if usage is None and isinstance(chunk.get("message"), dict):
-            usage = _usage(chunk["message"])  # messages: message_start
-        if usage is not None:
-            said = chunk.get("usage")
-            if isinstance(said, dict) and "input_tokens" not in said and self.usage is not None:
-                usage["prompt"] = self.usage["prompt"]  # Anthropic's message_delta: output only
-            self.usage = usage
-        pieces = _pieces(chunk)
-        if pieces:
-            self.pieces += pieces
-            if self.first_token is None:
-                self.first_token = now
-
-
-def _usage(body: dict[str, Any]) -> dict[str, Any] | None:
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    generated = usage.get("completion_tokens", usage.get("output_tokens"))
-    if not isinstance(prompt, int) and not isinstance(generated, int):
-        return None
-    prompt = prompt if isinstance(prompt, int) else 0
-    if "input_tokens" in usage:  # the Messages API leaves cached prompt tokens out of it
-        for cached in ("cache_read_input_tokens", "cache_creation_input_tokens"):
-            prompt += usage[cached] if isinstance(usage.get(cached), int) else 0
-    return {"prompt": prompt, "generated": generated or 0}
-
-
-def _pieces(chunk: dict[str, Any]) -> int:
-    """Content pieces in one stream chunk: each one token at least."""
-    if chunk.get("type") == "response.output_text.delta":
-        return 1 if chunk.get("delta") else 0
-    if chunk.get("type") == "content_block_delta":  # messages: text, tool input, thinking
-        delta = chunk.get("delta")
-        pieces = ("text", "partial_json", "thinking")
-        return 1 if isinstance(delta, dict) and any(delta.get(key) for key in pieces) else 0
-    choices = chunk.get("choices")
-    if not isinstance(choices, list):
-        return 0
-    count = 0
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(delta, dict) and not text:
-            text = delta.get("reasoning_content") or delta.get("tool_calls")
-        count += 1 if text else 0
-    return count
 
 
 class Proxy:
@@ -251,6 +107,11 @@ class Proxy:
         self._idle = threading.Condition(self._lock)
         self._totals = Totals()
         self._in_flight = 0
+        # loop.workers > 1: a URL per worker (its own secret segment), its own totals
+        self._labels: dict[str, str] = {}  # secret segment -> label
+        self._secret_of: dict[str, str] = {}  # label -> secret segment
+        self._label_totals: dict[str, Totals] = {}
+        self._label_in_flight: dict[str, int] = {}
         self._awaiting: dict[int, tuple[float, int]] = {}  # request -> (sent, body bytes)
         self._paces: deque[float] = deque(maxlen=PACES)  # s to first token per body byte
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)
@@ -273,6 +134,16 @@ class Proxy:
         secret segment."""
         return f"http://127.0.0.1:{self.port}{self._secret}{self._path}"
 
+    def url_for(self, label: str) -> str:
+        """The base URL for one of the run's agents (a worker): counted on its own too, in
+        `totals(label)` and `in_flight(label)`, as well as in the run's."""
+        with self._lock:
+            if label not in self._secret_of:
+                secret = "/" + secrets.token_urlsafe(18)
+                self._labels[secret], self._secret_of[label] = label, secret
+                self._label_totals[label], self._label_in_flight[label] = Totals(), 0
+            return f"http://127.0.0.1:{self.port}{self._secret_of[label]}{self._path}"
+
     def start(self) -> Proxy:
         self._thread.start()
         return self
@@ -289,10 +160,11 @@ class Proxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def in_flight(self) -> int:
-        """Requests being served now (sent upstream, their response not yet passed on)."""
+    def in_flight(self, label: str | None = None) -> int:
+        """Requests being served now (sent upstream, their response not yet passed on): all,
+        or those of `label`'s URL."""
         with self._lock:
-            return self._in_flight
+            return self._in_flight if label is None else self._label_in_flight.get(label, 0)
 
     def awaiting(self) -> Awaiting | None:
         """The requests sent upstream that have no first token yet (a stream) or no answer (a
@@ -310,21 +182,34 @@ class Proxy:
                 expected=largest * max(self._paces) if self._paces else None,
             )
 
-    def totals(self) -> Totals:
+    def totals(self, label: str | None = None) -> Totals:
         with self._lock:
-            return Totals(**asdict(self._totals))
+            return Totals(**asdict(self._counted(label)))
 
-    def settled(self, timeout: float = SETTLE) -> Totals:
-        """The totals once no request is in flight (or `timeout` s later): the agent may
-        have read its last byte, and exited, a moment before the proxy counted it."""
+    def settled(self, timeout: float = SETTLE, label: str | None = None) -> Totals:
+        """The totals (all, or `label`'s) once none of their requests is in flight (or
+        `timeout` s later): the agent may have read its last byte, and exited, a moment before
+        the proxy counted it."""
         with self._idle:
-            self._idle.wait_for(lambda: self._in_flight == 0, timeout)
-            return Totals(**asdict(self._totals))
+            self._idle.wait_for(lambda: self._flying(label) == 0, timeout)
+            return Totals(**asdict(self._counted(label)))
+
+    def meter(self, worker: int | None = None) -> Totals:
+        """The history's receipts: the run's totals, or one worker's (settled)."""
+        return self.settled(label=None if worker is None else worker_label(worker))
+
+    def _counted(self, label: str | None) -> Totals:
+        return self._totals if label is None else self._label_totals.get(label, Totals())
+
+    def _flying(self, label: str | None) -> int:
+        return self._in_flight if label is None else self._label_in_flight.get(label, 0)
 
     # what a handler thread calls
-    def _began(self, key: int, started: float, size: int) -> None:
+    def _began(self, key: int, started: float, size: int, label: str | None) -> None:
         with self._lock:
             self._in_flight += 1
+            if label is not None:
+                self._label_in_flight[label] += 1
             if size:
                 self._awaiting[key] = (started, size)
 
@@ -338,28 +223,18 @@ class Proxy:
             if counting.stream:
                 self._paces.append((counting.first_token - sent) / size)
 
-    def _ended(self, key: int, counting: Counting | None, started: float, failed: bool) -> None:
+    def _ended(
+        self, key: int, counting: Counting | None, started: float, failed: bool, label: str | None
+    ) -> None:
         ended = time.monotonic()
         with self._lock:
             self._awaiting.pop(key, None)
             self._in_flight -= 1
+            if label is not None:
+                self._label_in_flight[label] -= 1
             self._idle.notify_all()
-            t = self._totals
-            t.requests += 1
-            t.errors += failed
-            t.request_seconds += ended - started
-            if counting is None:
-                return
-            if counting.usage is not None:
-                t.prompt_tokens += counting.usage["prompt"]
-                t.generated_tokens += counting.usage["generated"]
-            elif counting.pieces:
-                t.generated_tokens += counting.pieces
-                t.estimated += 1
-            if counting.first_token is not None:
-                t.first_tokens += 1
-                t.first_token_seconds += counting.first_token - started
-                t.generation_seconds += ended - counting.first_token
+            for t in (self._totals, *([self._label_totals[label]] if label else [])):
+                t.add(counting, started, ended, failed)
 
 
 def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
@@ -379,14 +254,15 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             pass  # the agent's output is the loop's; a proxy line per request is noise
 
         def _forward(self) -> None:
-            path = self._upstream_path()
-            body = self._body() if path is not None else None
-            if path is None or body is None:
+            found = self._upstream_path()
+            body = self._body() if found is not None else None
+            if found is None or body is None:
                 return
+            path, label = found
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             started = time.monotonic()
             request_id = id(self)
-            proxy._began(request_id, started, len(body))
+            proxy._began(request_id, started, len(body), label)
             counting: Counting | None = None
             failed = True
             try:
@@ -408,7 +284,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             finally:
                 if counting is not None:
                     counting.finish()
-                proxy._ended(request_id, counting, started, failed)
+                proxy._ended(request_id, counting, started, failed, label)
 
         def _relay(
             self, response: httpx.Response, counting: Counting | None, request_id: int
@@ -434,7 +310,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 for chunk in response.iter_raw():
                     if counting is not None:
                         counting.feed(chunk)
-                    if waiting and not _before_first_token(counting):
+                    if waiting and not before_first_token(counting):
                         waiting = False  # a first token, or a whole answer's first byte
                         proxy._answered(request_id, counting)
                     if chunked and chunk:
@@ -453,13 +329,17 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return False
 
-        def _upstream_path(self) -> str | None:
+        def _upstream_path(self) -> tuple[str, str | None] | None:
             """The path to ask upstream: the request's, past the run's secret segment (an
-            origin-form path, so the upstream's address is the only one ever asked); None,
-            and a 403, for a request that does not know the secret."""
-            secret = proxy._secret
-            if self.path == secret or self.path.startswith((secret + "/", secret + "?")):
-                return self.path[len(secret) :] or "/"
+            origin-form path, so the upstream's address is the only one ever asked), and the
+            label of a worker's secret; None, and a 403, for a request that knows neither."""
+            segment = "/" + self.path[1:].split("/", 1)[0].split("?", 1)[0]
+            if segment == proxy._secret:
+                return self.path[len(segment) :] or "/", None
+            with proxy._lock:
+                label = proxy._labels.get(segment)
+            if label is not None:
+                return self.path[len(segment) :] or "/", label
             self._refuse(HTTPStatus.FORBIDDEN, "not this loop's agent proxy URL")
             return None
 
@@ -526,16 +406,16 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _before_first_token(counting: Counting | None) -> bool:
-    """A stream whose first token has not come yet (its first bytes may be a role, a comment)."""
-    return counting is not None and counting.stream and counting.first_token is None
-
-
 def _why(exc: httpx.HTTPError) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, httpx.ConnectError) and "refused" not in text.lower():
         text = f"connection failed ({text})"
     return text
+
+
+def worker_label(worker: int) -> str:
+    """The label of worker `worker`'s URL (loop.workers > 1: `url_for`)."""
+    return f"worker-{worker}"
 
 
 # -- the runner's side ---------------------------------------------------------
@@ -580,10 +460,11 @@ def running(plan: Plan, warn: Callable[[str], None]) -> Iterator[Proxy | None]:
                 proxy.stop()
 
 
-def variables(plan: Plan, proxy: Proxy | None) -> dict[str, Any]:
-    """`agent_base_url`: the proxy's URL while it runs, else the direct one (`base_url`)."""
+def variables(plan: Plan, proxy: Proxy | None, label: str | None = None) -> dict[str, Any]:
+    """`agent_base_url`: the proxy's URL while it runs (a worker's own: `label`), else the
+    direct one (`base_url`)."""
     if proxy is not None:
-        return {"agent_base_url": proxy.url}
+        return {"agent_base_url": proxy.url if label is None else proxy.url_for(label)}
     direct = plan.variables.get("base_url")
     if plan.model.loop.proxy:
         with contextlib.suppress(Exception):

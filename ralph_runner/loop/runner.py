@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import cast
+from typing import Literal, cast
 
 from ralph_runner import events
 from ralph_runner.actions import KINDS, UNWATCHED, TaskResult
@@ -22,6 +22,7 @@ from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, housekeeping, idle, lifecycle, pause, proxy, state
+from ralph_runner.loop import workers as workers_pool
 from ralph_runner.loop.iteration import Iteration, step_entry
 from ralph_runner.output import EventBus, plural
 from ralph_runner.process import execute, orphans, output_text
@@ -39,9 +40,18 @@ QUICK = frozenset(key for key, kind in KINDS.items() if getattr(kind, "QUICK", F
 class Runner:
     """Runs one plan's loop until the checklist is done, max_iterations, give-up or a signal."""
 
-    def __init__(self, plan: Plan, bus: EventBus) -> None:
+    def __init__(
+        self, plan: Plan, bus: EventBus, workers: int | Literal["auto"] | None = None
+    ) -> None:
         self.plan, self.bus = plan, bus
         self.model = plan.model
+        # loop.workers, or --workers: more than 1 runs items at once (loop/workers.py); auto:
+        # up to loop.max_workers, as many as the server has headroom for (loop/governor.py)
+        wanted = workers or plan.model.loop.workers
+        self.auto = wanted == "auto"
+        self.workers = plan.model.loop.max_workers if wanted == "auto" else wanted
+        self.pool: workers_pool.Pool | None = None
+        self._saving = threading.RLock()  # workers' threads save too
         self.store = state.Store(plan.workdir, bus.redactor, bus.warn)
         self.checklist_path = plan.path(("checklist", "path"), self.model.checklist.path)
         self.stop = threading.Event()
@@ -83,7 +93,7 @@ class Runner:
             execute.tree_guard(),
             proxy.running(self.plan, self.bus.warn) as self.proxy,
             wiring.attached(
-                self.plan, self.bus, self.store.dir, self.proxy.settled if self.proxy else None
+                self.plan, self.bus, self.store.dir, self.proxy.meter if self.proxy else None
             ) as session,
         ):
             self.state = self._resume()
@@ -147,6 +157,13 @@ class Runner:
         if found:
             raise FatalError(found)
         self.in_repo = git.is_repo(self.plan.workdir)
+        if self.workers > 1 and (not self.in_repo or git.head(self.plan.workdir) is None):
+            raise FatalError(
+                f"workers: {'auto' if self.auto else self.workers} needs the workdir in a git "
+                "repository with a commit (each attempt works in its own git worktree)"
+            )
+        if self.auto and self.workers > 1:
+            workers_pool.check_auto(self.plan)  # now, not after the setup blocks ran
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
@@ -168,6 +185,9 @@ class Runner:
         return loaded
 
     def _loop(self) -> int:
+        if self.workers > 1:
+            self.pool = workers_pool.Pool(self, self.workers, self.auto)
+            return self.pool.run()
         limit = self.model.loop.max_iterations
         warned = False
         while True:
@@ -179,10 +199,10 @@ class Runner:
             self._counts = checklist.counts(text)
             item = checklist.next_todo(text)
             if item is None:
-                self._summary(text)
+                self.summary(text)
                 return ExitCode.DONE
             if limit and self.state.iteration - self.state.run_from >= limit:
-                self._summary(text, stopped=True)
+                self.summary(text, stopped=True)
                 return ExitCode.MAX_ITERATIONS
             self.pause.iterate(item)  # self.run_iteration(item), or a wait: `ralph-run pause`
 
@@ -369,15 +389,16 @@ class Runner:
         """Persist state and status; a full disk is reported, and the loop goes on. Each
         warning names the file it is about (the error carries its path): the state, the
         status, or the checklist whose counts the status could not take."""
-        if not status_only:
+        with self._saving:
+            if not status_only:
+                try:
+                    self.store.save(self.state)
+                except FatalError as exc:
+                    self.bus.warn(f"state not saved: {exc}")
             try:
-                self.store.save(self.state)
+                self.store.write_status(self._status())
             except FatalError as exc:
-                self.bus.warn(f"state not saved: {exc}")
-        try:
-            self.store.write_status(self._status())
-        except FatalError as exc:
-            self.bus.warn(f"status not saved: {exc}")
+                self.bus.warn(f"status not saved: {exc}")
 
     def _status(self) -> Status:
         st = self.state
@@ -408,6 +429,10 @@ class Runner:
             "updated": time.time(),
             "workdir": str(self.plan.workdir),
         }
+        if self.pool is not None:
+            status["workers"] = self.pool.statuses()
+            if self.pool.governor is not None:
+                status["governor"] = self.pool.governor.fields()
         if (blocks := self.lifecycle.fields()) is not None:
             status["lifecycle"] = blocks
         if counts is not None:  # none: the checklist was never read
@@ -433,7 +458,7 @@ class Runner:
         found = health.hang_bound() if health is not None else None
         return None if found is None else {"seconds": round(found[0], 1), "why": found[1]}
 
-    def _summary(self, text: str, stopped: bool = False) -> None:
+    def summary(self, text: str, stopped: bool = False) -> None:
         counts = checklist.counts(text)
         self.bus.emit(
             events.Summary(

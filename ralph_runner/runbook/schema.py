@@ -285,10 +285,28 @@ class LoopProxy(Model):
     upstream: str | None = None  # where it forwards; default: the variable `base_url`
 
 
+class Governor(Model):
+    """`loop.governor`: what `workers: auto` reads of the server (loop/governor.py); the
+    names default to vLLM's, give llama.cpp's (docs: workers) for llama-server."""
+
+    metrics: str | None = None  # the server's /metrics; default: the `progress` probe's
+    every: PositiveFloat = 2.0  # seconds between two looks (one decision each at most)
+    settle: PositiveFloat = 4.0  # seconds of headroom at a level before another is admitted
+    kv_cache_max: float = Field(0.9, gt=0.0, le=1.0)  # KV-cache use at which one is shed
+    waiting: str = "vllm:num_requests_waiting"  # requests queued for a slot
+    kv_cache: str | None = "vllm:kv_cache_usage_perc"  # KV-cache use, 0-1; null: not read
+    preemptions: str | None = "vllm:num_preemptions_total"  # null: the server has none
+
+
 class Loop(Model):
     max_iterations: NonNegativeInt = 0  # iterations at most; 0: until no item is left to do
     # true (or {upstream: URL}): a per-loop proxy for the agent's receipts; default off
     proxy: bool | LoopProxy = False
+    # checklist items worked on at once, each in its own git worktree (docs: workers); 1: one;
+    # auto: as many as the server has headroom for, up to max_workers (the governor)
+    workers: PositiveInt | Literal["auto"] = 1
+    max_workers: PositiveInt = 8  # workers: auto admits this many at most
+    governor: Governor = Governor()  # what workers: auto reads of the server
     steps: list[TaskEntry]  # the tasks of one iteration, e.g. run the agent, verify, ensure_alive
 
 

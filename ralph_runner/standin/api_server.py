@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn, NotRequired, TypedDict
 
+from ralph_runner.standin.batching import DEFAULT_CURVE, BatchCurve, parse_curve
 from ralph_runner.standin.engine import BLOCK_TOKENS, Engine, Stats, tokens_of
 from ralph_runner.standin.faults import Faults, FaultSettings, parse_faults
 from ralph_runner.standin.vllm_log import ENGINE_DEAD, VllmLog
@@ -38,6 +39,7 @@ class Options:
     execute_model_timeout: float = DEFAULT_EXECUTE_MODEL_TIMEOUT
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     script: Path | None = None
+    batch_curve: BatchCurve | None = None  # a GPU's step time by batch (batching.py)
 
 
 class StandInServer(ThreadingHTTPServer):
@@ -45,6 +47,8 @@ class StandInServer(ThreadingHTTPServer):
     `handler` answers its requests (handler.Handler)."""
 
     daemon_threads = True  # hung requests must never keep the process alive
+    # uvicorn's (vLLM's) listen backlog: socketserver's 5 reset a burst of 16 connections at once
+    request_queue_size = 2048
 
     def __init__(
         self, options: Options, log: VllmLog, handler: type[BaseHTTPRequestHandler]
@@ -58,6 +62,7 @@ class StandInServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.faults = Faults()
         self.engine = Engine(options.tokens_per_second, options.max_num_seqs)
+        self.engine.batch_curve = options.batch_curve
         self.last_prompt_tokens = 0
         self.released = threading.Condition()  # hung requests wait here (`hang`)
         self.closing = False
@@ -96,6 +101,10 @@ class StandInServer(ThreadingHTTPServer):
             self.log.legacy_death(self.death_blocks())
         if "tokens_per_second" in faults:
             self.engine.set_rate(faults["tokens_per_second"])
+        if "batch_curve" in faults:
+            curve = faults["batch_curve"]  # true: the shipped curve; false: off
+            curve = DEFAULT_CURVE if curve is True else curve
+            self.engine.batch_curve = parse_curve(curve) if curve else None
         if "prefill_tokens_per_second" in faults:
             self.engine.prefill_rate = faults["prefill_tokens_per_second"] or None
         if "prefill_chunk" in faults:

@@ -16,6 +16,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
+from ralph_runner.standin.batching import BatchCurve
 from ralph_runner.standin.scripted import Reply, ToolCall
 
 CHARS_PER_TOKEN = 4
@@ -114,6 +115,9 @@ class Engine:
         # lasts step_seconds and reads rate x step_seconds.
         self.prefill_chunk: int | None = None
         self.dead: str | None = None  # the error message, once dead
+        # A GPU's step lengthens with the batch (batching.py); None: every step lasts the same.
+        self.batch_curve: BatchCurve | None = None
+        self._batch = 0  # sequences the last step generated for
         self._credit = 0.0
         self._totals = Stats()
         self.stats = Stats()  # published
@@ -198,7 +202,13 @@ class Engine:
                     continue  # it stopped mid-step: the step's work is never published
                 self._step()
                 self.cond.notify_all()
-            time.sleep(self.step_seconds)
+                lasts = self.step_seconds * self._stretch()
+            time.sleep(lasts)
+
+    def _stretch(self) -> float:
+        """How much longer the last step took than one of a single sequence (batch_curve)."""
+        curve = self.batch_curve
+        return 1.0 if curve is None or self._batch <= 1 else curve.stretch(self._batch)
 
     def _chunk_seconds(self) -> float | None:
         """How long the next step lasts when it reads a prompt chunk (prefill_chunk set)."""
@@ -231,6 +241,7 @@ class Engine:
         self._credit += self.tokens_per_step
         tokens, self._credit = int(self._credit), self._credit - int(self._credit)
         scheduled = 0
+        self._batch = len(self.running)
         for sequence in list(self.running):
             if sequence.prefilled < sequence.prompt_tokens:  # a chunk of a long prompt
                 chunk = (self.prefill_rate or math.inf) * self.step_seconds

@@ -32,8 +32,13 @@ busy N                 load, not a fault        every generation makes at least 
                                                 request's `ignore_eos` or `min_tokens`): with --max-
                                                 num-seqs and --tokens-per-second, a full batch, a
                                                 waiting line, counters moving
-tokens_per_second R    a slower or faster       R tokens/s per sequence from now
-                       engine
+tokens_per_second R    a slower or faster       R tokens/s per sequence from now (with batch_curve:
+                       engine                   of a sequence alone)
+batch_curve C          a GPU's batching: its    each step lasts step(batch) / step(1) times a lone
+                       decode step lengthens    sequence's, by the curve C (`h100-llama8b`,
+                       with the batch           measured, or `BATCH:MS,...`; batching.py): the
+                                                total tokens/s rises with concurrency, then
+                                                flattens (true: the shipped curve; false: off)
 prefill_tokens_per_    a long prompt read in    prompts are prefilled at R tokens/s from now (false:
 second R               chunks                   at once): the KV-cache gauge grows each step, no
                                                 token counter moves until the prompt is read
@@ -63,6 +68,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
+from ralph_runner.standin.batching import parse_curve
+
 FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the table above says more)
     "engine_death": (bool, "EngineCore dies: 500s, /health 200 for a moment, exit 0"),
     "die_on_prompt_chars": (int, "a generation with a prompt over N characters kills the engine"),
@@ -71,6 +78,7 @@ FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the tab
     "resume": (bool, "the hang ends: what waited goes on"),
     "busy": (int, "every generation makes at least N tokens"),
     "tokens_per_second": (float, "the engine's speed from now, per sequence"),
+    "batch_curve": (str, "steps lengthen with the batch by this curve (name or BATCH:MS,...)"),
     "prefill_tokens_per_second": (float, "prompts are read in chunks at R tokens/s"),
     "prefill_chunk": (int, "a step reads N prompt tokens, N / R s long, published at its end"),
     "sleep": (bool, "the engine sleeps (sleep mode): engine_sleep_state 1, nothing served"),
@@ -94,6 +102,7 @@ class FaultSettings(TypedDict, total=False):
     resume: bool
     busy: int
     tokens_per_second: float
+    batch_curve: str | bool
     prefill_tokens_per_second: float
     prefill_chunk: int
     sleep: bool
@@ -138,11 +147,13 @@ def parse_faults(settings: object) -> FaultSettings:
     return cast(FaultSettings, converted)  # every key known, every value of its type: checked
 
 
-def convert(key: str, value: object) -> bool | int | float:
+def convert(key: str, value: object) -> bool | int | float | str:
     """`value` as FAULTS says `key` takes it; a boolean stays one (false: off; worker_timeout's
     true: the option's seconds)."""
     kind = FAULTS[key][0]
     if kind is bool or isinstance(value, bool):
         return bool(value)
-    converted: int | float = kind(value)
+    converted: int | float | str = kind(value)
+    if key == "batch_curve":
+        parse_curve(str(converted))  # a bad curve is refused here, not in the engine
     return converted

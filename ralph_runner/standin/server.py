@@ -10,6 +10,7 @@ line and the process's life) serves it through its parts:
 
   engine.py      the engine: a waiting line, a running batch of at most `--max-num-seqs`,
                  `--tokens-per-second` per sequence, statistics published at each step
+  batching.py    `--batch-curve`: steps that lengthen with the batch as a measured GPU's
   faults.py      the faults (the table of what each imitates), set through `POST /admin/fail`
                  or STATE_DIR/control.json at any time
   api_server.py  the API server's state: the faults applied, the engine's deaths as vLLM's,
@@ -38,6 +39,7 @@ from ralph_runner.standin.api_server import (
     StandInServer,
     write_exit_marker,
 )
+from ralph_runner.standin.batching import CURVES, parse_curve
 from ralph_runner.standin.engine import KV_CACHE_TOKENS
 from ralph_runner.standin.handler import Handler
 from ralph_runner.standin.vllm_log import VllmLog
@@ -109,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the API server answers after its engine died, before it exits 0",
     )
     parser.add_argument(
+        "--batch-curve",
+        type=parse_curve,
+        help="steps lengthen with the batch as a GPU's: "
+        f"{', '.join(CURVES)} (measured) or BATCH:MS,... (default: every step alike)",
+    )
+    parser.add_argument(
         "--script", type=Path, help="what the scripted model answers (see scripted.py)"
     )
     args = parser.parse_args(argv)
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         execute_model_timeout=args.execute_model_timeout,
         shutdown_delay=args.shutdown_delay,
         script=args.script,
+        batch_curve=args.batch_curve,
     )
     return serve(options)
 

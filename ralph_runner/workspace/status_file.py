@@ -126,6 +126,23 @@ class PauseFields(TypedDict):
     attempts: int  # the item's strikes so far
 
 
+class Worker(TypedDict):
+    """One worker of `loop.workers` > 1 (loop/workers.py): its item and where it stands."""
+
+    worker: int  # its number, 1..N: its worktree is .ralph/worktrees/<worker>
+    item: str | None  # None: idle
+    phase: str | None  # the step in hand, or starting / landing / waiting
+
+
+class GovernorStatus(TypedDict):
+    """`workers: auto` (loop/governor.py): how many may be in flight now, and why."""
+
+    workers: int  # admitted now
+    max_workers: int
+    reason: str  # of the last decision
+    changed: float  # epoch of the last decision (the run's start: the first worker)
+
+
 class Status(ChecklistFields, PauseFields):
     """status.json: where the loop stands, one object."""
 
@@ -146,6 +163,8 @@ class Status(ChecklistFields, PauseFields):
     updated: float  # epoch of this write
     workdir: str
     crash: NotRequired[str]  # an internal error's cause (crash.py), status "crashed"
+    workers: NotRequired[list[Worker]]  # with loop.workers > 1: each worker's item and phase
+    governor: NotRequired[GovernorStatus]  # with workers: auto
     lifecycle: NotRequired[LifecycleStatus]  # only with `setup:`/`teardown:` or a marker left
 
 

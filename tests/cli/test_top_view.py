@@ -263,3 +263,27 @@ def test_many_loops_fit_in_80x24_scrolled_to_the_selection(tmp_path: Path) -> No
         assert any(x.startswith(">loop-0 ") for x in screen(board))
         tall = screen(board, height=40)
         assert "shown" not in tall[0] and any(x.startswith(" remote ") for x in tall)
+
+
+def test_workers_show_in_the_row_and_each_ones_item_in_the_details() -> None:
+    workers = [
+        {"worker": 1, "item": "fix the parser", "phase": "run the agent"},
+        {"worker": 2, "item": None, "phase": None},
+        {"worker": 3, "item": "add a test", "phase": "landing"},
+    ]
+    governor = {"workers": 3, "max_workers": 8, "reason": "2 requests waiting", "changed": D}
+    status = death_row(item=None, workers=workers, governor=governor)
+    reading = view.LoopReading(status=status, wall=D)
+    row = view.cells(reading, D + 1)
+    assert row[2] == "2/3 workers: fix the parser, add a test"
+    text = [str(line) for line in view.worker_lines(status)]
+    assert text == [
+        "  governor: 3 of 8 workers (2 requests waiting)",
+        "  worker 1: fix the parser  (run the agent)",
+        "  worker 2: idle",
+        "  worker 3: add a test  (landing)",
+    ]
+    shown = io.StringIO()
+    Console(file=shown, width=100).print(*view.details("loop", reading, None, 100, None))
+    assert "worker 3: add a test" in shown.getvalue()
+    assert view.worker_lines({**status, "running": False}) == []

@@ -27,7 +27,8 @@ import httpx
 import pytest
 import yaml
 from e2e_helpers import Scenario
-from standin_helpers import StandIn, Stream, ralph, wait_for
+from faithful_helpers import Stream
+from standin_helpers import StandIn, ralph, wait_for
 
 from ralph_runner.loop.proxy import Proxy
 from ralph_runner.probes import ProbeContext, ProbeResult, progress, run_probe

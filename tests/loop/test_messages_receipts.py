@@ -12,7 +12,8 @@ import httpx
 import pytest
 from standin_helpers import StandIn
 
-from ralph_runner.loop.proxy import Counting, Proxy
+from ralph_runner.loop.proxy import Proxy
+from ralph_runner.loop.proxy_counting import Counting
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,24 +10,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-from httpx_sse import EventSource
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from standin_helpers import (
-    ROOT,
-    StandIn,
+from faithful_helpers import (
     Stream,
     Target,
     check_busy,
@@ -38,12 +26,19 @@ from standin_helpers import (
     check_metrics_exposition,
     check_responses_stream,
     long_request,
-    process_gone,
-    python_env,
-    wait_for,
     wait_frozen,
     wait_streaming,
 )
+from httpx_sse import EventSource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from standin_helpers import ROOT, StandIn, process_gone, wait_for
 
 from ralph_runner.standin import metrics
 from ralph_runner.standin.engine import Piece, Stats
@@ -57,21 +52,6 @@ DEATH_LINES = [
     "INFO:     Shutting down",
     "INFO:     Application shutdown complete.",
 ]
-
-
-@pytest.fixture
-def standin(tmp_path: Path) -> Iterator[StandIn]:
-    """A stand-in state directory; every server it ran is gone when the test ends."""
-    with StandIn(tmp_path / "vllm") as server:
-        yield server
-    assert server.processes() == []
-
-
-@pytest.fixture
-def server(standin: StandIn) -> StandIn:
-    """A stand-in started by the start script."""
-    standin.start()
-    return standin
 
 
 def assert_died_like_vllm(server: StandIn, pid: int, reason: str) -> None:
@@ -552,108 +532,6 @@ def test_start_reports_a_server_that_dies_while_starting(standin: StandIn) -> No
 
 
 # the agent
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "work"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    git(repo, "config", "user.email", "ralph@example.com")
-    git(repo, "config", "user.name", "Ralph")
-    (repo / "CHECKLIST.md").write_bytes(b"# plan\r\n- [x] one\r\n  - [ ] two  \r\n- [ ] three\r\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "start")
-    return repo
-
-
-def run_agent(
-    server: StandIn, repo: Path, *args: str, timeout: float = 3
-) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", server.url]
-    command += ["--model", server.model, "--timeout", str(timeout), *args]
-    return subprocess.run(
-        command, cwd=repo, env=python_env(), input="do it", capture_output=True, text=True
-    )
-
-
-def test_agent_ticks_the_first_item_and_commits(server: StandIn, repo: Path) -> None:
-    result = run_agent(server, repo)
-    assert result.returncode == 0, result.stderr
-    assert "5 chars of prompt" in result.stdout
-    checklist = (repo / "CHECKLIST.md").read_bytes()
-    assert checklist == b"# plan\r\n- [x] one\r\n  - [x] two  \r\n- [ ] three\r\n"
-    assert git(repo, "log", "-1", "--format=%s") == "done: two"
-    assert git(repo, "status", "--porcelain") == ""
-    assert '"POST /v1/chat/completions HTTP/1.1" 200 OK' in server.log()
-
-
-def test_agent_no_commit_ticks_only(server: StandIn, repo: Path) -> None:
-    head = git(repo, "rev-parse", "HEAD")
-    result = run_agent(server, repo, "--no-commit", "--", "a", "prompt")
-    assert result.returncode == 0
-    assert "8 chars of prompt" in result.stdout
-    assert b"- [x] two" in (repo / "CHECKLIST.md").read_bytes()
-    assert git(repo, "rev-parse", "HEAD") == head
-
-
-@pytest.mark.parametrize(
-    ("fault", "agent_args"),
-    [
-        ("die", []),
-        ("dead_503", []),
-        ("hang", []),
-        ("engine_hang", []),
-        ("engine_death", []),
-        (None, ["--fail"]),
-    ],
-    ids=["refused", "503", "timeout", "engine-hang", "engine-death", "--fail"],
-)
-def test_agent_fails_cleanly_without_a_working_server(
-    server: StandIn, repo: Path, fault: str | None, agent_args: list[str]
-) -> None:
-    before = (repo / "CHECKLIST.md").read_bytes(), git(repo, "rev-parse", "HEAD")
-    pid = server.pid
-    if fault:
-        server.admin(fault)
-    if fault == "die":
-        server.wait_dead(pid)
-
-    result = run_agent(server, repo, *agent_args, timeout=0.5)
-
-    assert result.returncode == 1
-    assert "Error:" in result.stderr
-    assert ((repo / "CHECKLIST.md").read_bytes(), git(repo, "rev-parse", "HEAD")) == before
-    assert git(repo, "status", "--porcelain") == ""
-    if not fault:
-        assert "/v1/chat/completions" not in server.log()
-
-
-def test_agent_streams_and_a_death_mid_stream_fails_it(standin: StandIn, repo: Path) -> None:
-    standin.start(TOKENS_PER_SECOND="10")
-    before = (repo / "CHECKLIST.md").read_bytes()
-    standin.admin("busy", 100)  # 16 tokens (the agent's max_tokens) at 10 tokens/s
-    command = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", standin.url]
-    agent = subprocess.Popen(
-        [*command, "--model", standin.model, "--timeout", "10", "--", "go"],
-        cwd=repo,
-        env=python_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for(lambda: '"POST /v1/chat/completions HTTP/1.1" 200' in standin.log(), 20, "the call")
-    standin.admin("engine_death")
-    out, err = agent.communicate(timeout=20)
-    assert agent.returncode == 1, out + err
-    assert "error in the stream: EngineCore encountered an issue." in err
-    assert (repo / "CHECKLIST.md").read_bytes() == before
 
 
 def test_the_server_runs_on_the_standard_library_alone() -> None:
