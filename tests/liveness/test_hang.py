@@ -18,15 +18,8 @@ import pytest
 import yaml
 from e2e_helpers import AGENT_STEP, Scenario, make_workspace
 from engine_helpers import Engine
-from standin_helpers import (
-    ROOT,
-    Stream,
-    cmdline_of,
-    long_request,
-    process_gone,
-    python_env,
-    wait_for,
-)
+from faithful_helpers import Stream, long_request
+from standin_helpers import ROOT, cmdline_of, process_gone, python_env, wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec
