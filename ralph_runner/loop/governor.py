@@ -131,16 +131,23 @@ class Governor:
     deaths (a KV-pressure signature sheds one)."""
 
     def __init__(
-        self, settings: Settings, url: str, max_workers: int, pool: Pool, bus: EventBus
+        self,
+        settings: Settings,
+        url: str,
+        max_workers: int,
+        pool: Pool,
+        bus: EventBus,
+        client: httpx.Client,
     ) -> None:
+        """`client`: the health checks' (their TLS settings, their kept-alive connection)."""
         self.settings, self.url, self.pool, self.bus = settings, url, pool, bus
+        self._client = client
         self.policy = Policy(max_workers, settings.kv_cache_max, settings.settle)
         self.reason = "the first worker: the server's headroom is not known yet"
         self.changed = time.time()
         self._death: str | None = None  # a KV-pressure death's reason, until the next look
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governor", daemon=True)
-        self._client = httpx.Client()
 
     def start(self) -> None:
         self._thread.start()
@@ -148,7 +155,6 @@ class Governor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(SCRAPE_TIMEOUT + 1.0)
-        self._client.close()
 
     def fields(self) -> GovernorStatus:
         return {

@@ -53,7 +53,8 @@ class Pool:
         self.runner, self.size = runner, workers
         self.admitted = 1 if auto else workers  # the attempts that may be in flight now
         self.governor = governor.Governor(
-            runner.model.loop.governor, metrics_url(runner), workers, self, runner.bus
+            runner.model.loop.governor, metrics_url(runner), workers, self, runner.bus,
+            runner.health.client,
         ) if auto else None  # fmt: skip
         self.workdir = runner.plan.workdir
         self.top = git.top(self.workdir)
