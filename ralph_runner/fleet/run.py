@@ -106,7 +106,10 @@ def run(plans: list[Plan], args: Any, output: EventBus) -> int:
 
     def one(host: HostRun) -> None:
         result = execute.run(
-            child_argv(args, host.host), cancel=stop, on_output=_reader(host, output)
+            child_argv(args, host.host),
+            cancel=stop,  # a host not started yet is not started; a running one gets the grace
+            on_output=_reader(host, output),
+            grace=CHILD_GRACE,
         )
         _flush(host, output)
         host.code = result.exit_code  # None: stopped by a signal (or never started)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import sh
 
 from ralph_runner.process import leftovers, registry
-from ralph_runner.process.kill import kill_tree
+from ralph_runner.process.kill import KILL_GRACE, kill_tree
 from ralph_runner.process.leftovers import swept
 from ralph_runner.process.registry import Running, kill_all
 from ralph_runner.process.signals import InterruptsRaise
@@ -109,6 +109,7 @@ def run(
     stdin_first: bytes = b"",
     display: str | None = None,
     idle: IdleWatch | None = None,
+    grace: float = KILL_GRACE,
 ) -> Result:
     """Run argv to completion, timeout or cancel; never raises for a command that fails.
 
@@ -118,7 +119,8 @@ def run(
     that pipe first, by a thread, so that a large one never holds up the start: the remote
     command's environment, kept off every command line). `display` is how the command
     is shown in the Result (default: argv, shell-quoted). `idle` may kill a command that
-    stalled (see IdleWatch).
+    stalled (see IdleWatch). `grace`: the seconds between TERM and KILL when a timeout, a
+    cancel or a stall kills it (the fleet gives a loop time to save its state).
     """
     command = display if display is not None else shlex.join(argv)
     started = time.monotonic()
@@ -173,7 +175,7 @@ def run(
             _feed(os.dup(lifeline[1]), stdin_first)
         try:
             watched = Watched(running, pipe_out, tail)
-            stopped = _wait(running, started, timeout, cancel, watched, idle)
+            stopped = _wait(running, started, timeout, cancel, watched, idle, grace)
         finally:
             registry.remove(running.pid)
             guard.tell(f"-{running.pid}")
@@ -269,6 +271,7 @@ def _wait(
     cancel: threading.Event | None,
     watched: Watched,
     idle: IdleWatch | None = None,
+    grace: float = KILL_GRACE,
 ) -> str | None:
     """Read the command's output until it exits; on timeout, cancel or a stall kill its tree
     and say which happened ("timeout", "cancel", "stalled: REASON"). Then the rest of its
@@ -293,7 +296,7 @@ def _wait(
                 elif stalled is False:
                     idle = None  # it failed: no more asking
             if reason:
-                kill_tree(running.pid)
+                kill_tree(running.pid, grace)
                 break
         watched.drain(DRAIN)
     finally:

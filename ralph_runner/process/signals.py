@@ -3,6 +3,7 @@ main thread, so that the run saves its state on the way out. SIGHUP is no stop: 
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
@@ -18,7 +19,12 @@ class InterruptsRaise:
 
     A handler that happens to run inside a weakref callback or a `__del__` has its exception
     dropped by Python ("Exception ignored in ..."); the interrupt is kept, and the loop raises it
-    again at its next step boundary (`raise_pending`)."""
+    again at its next step boundary (`raise_pending`).
+
+    A process forked from the run (`sh` forks in Python, then runs its pre-exec code) inherits
+    the handler until it execs: a signal there ends that process at once with the signal's exit
+    status, for an Interrupted raised in it would run the parent's clean-up in a copy of it (`sh`
+    catches only Exception there): a copy of the run that marked it crashed."""
 
     def __init__(
         self, grace: float = KILL_GRACE, on_signal: Callable[[], None] | None = None
@@ -31,12 +37,15 @@ class InterruptsRaise:
             raise self.pending
 
     def __enter__(self) -> None:
+        self.owner = os.getpid()
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for signum in self.previous:
             signal.signal(signum, self._raise)
         self.previous_hangup = signal.signal(signal.SIGHUP, _hung_up)
 
     def _raise(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.owner:  # a fork of the run, before its exec
+            os._exit(128 + signum)
         for s in self.previous:  # a second signal must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
         if self.on_signal is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -310,3 +311,22 @@ def test_a_timeout_in_one_thread_leaves_the_others_alone():
     thread.join(10)
     assert slow.timed_out
     assert fast[0].ok and fast[0].output == "done\n"
+
+
+def test_a_signal_in_a_fork_before_its_exec_ends_that_fork_not_the_run(tmp_path):
+    """sh forks in Python and runs pre-exec code in the child: a SIGTERM that lands there must
+    end that child with the signal's status, not raise Interrupted in it (a copy of the run then
+    ran the run's clean-up and marked it crashed: a fleet test saw it under load)."""
+    ran_on = tmp_path / "the-fork-ran-the-runs-code"
+    with execute.InterruptsRaise():
+        pid = os.fork()
+        if pid == 0:  # the fork, as sh's child is before its exec
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs here, at the latest
+            except BaseException:
+                ran_on.write_text("the except path of a copy of the run")
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
+    assert not ran_on.exists()
