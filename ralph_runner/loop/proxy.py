@@ -23,8 +23,8 @@ its bytes untouched), and counts from what went through:
 The counters only grow (`totals()`); the iteration history takes their difference across an
 iteration. `in_flight()` says how many requests are being served now (a stall rule's "is the
 agent waiting on the server?"), and `awaiting()` which of them still wait for their first token,
-and how long the largest should take at the pace the earlier ones showed: the progress probe's
-hang bound covers a long prompt's first engine step with it (docs: hangs). A proxy that cannot
+their size in tokens and how long the earlier ones took to theirs: the progress probe's hang
+bound covers a long prompt's first engine step with it (docs: hangs). A proxy that cannot
 start leaves the agent on the direct URL (`running` warns): receipts are no reason to stop a loop.
 
 It listens on 127.0.0.1, where every local user can connect: its URL's path starts with a
@@ -37,6 +37,7 @@ upstream UPSTREAM_SILENCE s between bytes.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import secrets
 import threading
@@ -51,7 +52,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ralph_runner.durable import redaction
 from ralph_runner.loop.proxy_counting import Counting, Totals, before_first_token
+from ralph_runner.plugins.first_token import STREAMED, TOKENS_PER_BYTE, WHOLE, Measure
 from ralph_runner.probes import Awaiting
 
 if TYPE_CHECKING:
@@ -81,7 +84,8 @@ CLIENT_SILENCE = 60.0  # s a client may take to send its request, or stall readi
 MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request body (a prompt, images included)
 TOO_LARGE = f"a request body over {MAX_REQUEST // 2**20} MiB"
 SETTLE = 0.5  # s an iteration's receipt waits for a request still being counted
-PACES = 16  # the latest streamed requests whose time to first token per byte is remembered
+RATIO_BYTES = 4096  # the smallest body whose prompt tokens teach how many a byte holds
+MEASURES = 64  # the latest requests whose time to their first token is remembered
 
 
 class Proxy:
@@ -103,6 +107,7 @@ class Proxy:
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._path = parts.path.rstrip("/")
         self._secret = "/" + secrets.token_urlsafe(18)  # the URL's first segment: ours only
+        redaction.register(self._secret[1:])  # an agent's error that prints its URL: masked
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._totals = Totals()
@@ -113,7 +118,10 @@ class Proxy:
         self._label_totals: dict[str, Totals] = {}
         self._label_in_flight: dict[str, int] = {}
         self._awaiting: dict[int, tuple[float, int]] = {}  # request -> (sent, body bytes)
-        self._paces: deque[float] = deque(maxlen=PACES)  # s to first token per body byte
+        self._sizes: dict[int, int] = {}  # request -> body bytes, until it ends
+        self._settled = 0.0  # when a request last ended
+        self._measures: deque[Measure] = deque(maxlen=MEASURES)  # first tokens, timed
+        self._tokens_per_byte: float | None = None  # the most prompt tokens a body byte held
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)
         self.client_silence = client_silence
         timeout = httpx.Timeout(upstream_silence, connect=CONNECT_TIMEOUT)
@@ -140,6 +148,7 @@ class Proxy:
         with self._lock:
             if label not in self._secret_of:
                 secret = "/" + secrets.token_urlsafe(18)
+                redaction.register(secret[1:])
                 self._labels[secret], self._secret_of[label] = label, secret
                 self._label_totals[label], self._label_in_flight[label] = Totals(), 0
             return f"http://127.0.0.1:{self.port}{self._secret_of[label]}{self._path}"
@@ -168,9 +177,9 @@ class Proxy:
 
     def awaiting(self) -> Awaiting | None:
         """The requests sent upstream that have no first token yet (a stream) or no answer (a
-        whole body); None when there are none. `expected`: the seconds the largest should take
-        to its first token at the slowest pace (s per byte) of the latest streamed requests;
-        None before one was measured."""
+        whole body); None when there are none. With them: the largest one's prompt tokens
+        (its bytes at the most tokens a byte held in this loop's answered requests, or
+        TOKENS_PER_BYTE), and the loop's measures of first tokens (plugins/first_token.py)."""
         with self._lock:
             if not self._awaiting:
                 return None
@@ -179,7 +188,9 @@ class Proxy:
                 count=len(self._awaiting),
                 since=min(sent for sent, _ in self._awaiting.values()),
                 latest=max(sent for sent, _ in self._awaiting.values()),
-                expected=largest * max(self._paces) if self._paces else None,
+                tokens=largest * (self._tokens_per_byte or TOKENS_PER_BYTE),
+                measures=tuple(self._measures),
+                settled=self._settled,
             )
 
     def totals(self, label: str | None = None) -> Totals:
@@ -212,16 +223,12 @@ class Proxy:
                 self._label_in_flight[label] += 1
             if size:
                 self._awaiting[key] = (started, size)
+                self._sizes[key] = size
 
-    def _answered(self, key: int, counting: Counting | None) -> None:
+    def _answered(self, key: int) -> None:
         """The request's first token (or whole answer) came: it no longer waits on a prefill."""
         with self._lock:
-            sent_size = self._awaiting.pop(key, None)
-            if sent_size is None or counting is None or counting.first_token is None:
-                return
-            sent, size = sent_size
-            if counting.stream:
-                self._paces.append((counting.first_token - sent) / size)
+            self._awaiting.pop(key, None)
 
     def _ended(
         self, key: int, counting: Counting | None, started: float, failed: bool, label: str | None
@@ -229,12 +236,29 @@ class Proxy:
         ended = time.monotonic()
         with self._lock:
             self._awaiting.pop(key, None)
+            size = self._sizes.pop(key, 0)
+            self._settled = ended
+            if not failed and counting is not None:
+                self._measure(counting, started, size, ended)
             self._in_flight -= 1
             if label is not None:
                 self._label_in_flight[label] -= 1
             self._idle.notify_all()
             for t in (self._totals, *([self._label_totals[label]] if label else [])):
                 t.add(counting, started, ended, failed)
+
+    def _measure(self, counting: Counting, started: float, size: int, ended: float) -> None:
+        """An answered request's time to its first token, for the hang bound (with the lock):
+        a stream's own; a whole answer's first byte, an upper bound. Its prompt tokens are its
+        usage's, and they teach how many tokens a byte holds."""
+        prompt = counting.usage["prompt"] if counting.usage is not None else 0
+        if prompt and size >= RATIO_BYTES:  # a small body is mostly its JSON's frame
+            self._tokens_per_byte = max(self._tokens_per_byte or 0.0, prompt / size)
+        tokens = prompt or size * (self._tokens_per_byte or TOKENS_PER_BYTE)
+        if counting.first_token is None or not tokens:
+            return
+        source = STREAMED if counting.stream else WHOLE
+        self._measures.append(Measure(source, counting.first_token - started, tokens, ended))
 
 
 def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
@@ -312,7 +336,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                         counting.feed(chunk)
                     if waiting and not before_first_token(counting):
                         waiting = False  # a first token, or a whole answer's first byte
-                        proxy._answered(request_id, counting)
+                        proxy._answered(request_id)
                     if chunked and chunk:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     elif chunk:
@@ -334,10 +358,13 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             origin-form path, so the upstream's address is the only one ever asked), and the
             label of a worker's secret; None, and a 403, for a request that knows neither."""
             segment = "/" + self.path[1:].split("/", 1)[0].split("?", 1)[0]
-            if segment == proxy._secret:
+            given = segment.encode("utf-8", "surrogateescape")  # compared in constant time
+            if hmac.compare_digest(given, proxy._secret.encode()):
                 return self.path[len(segment) :] or "/", None
             with proxy._lock:
-                label = proxy._labels.get(segment)
+                labels = list(proxy._labels.items())
+            found = [label for s, label in labels if hmac.compare_digest(given, s.encode())]
+            label = found[0] if found else None
             if label is not None:
                 return self.path[len(segment) :] or "/", label
             self._refuse(HTTPStatus.FORBIDDEN, "not this loop's agent proxy URL")

@@ -11,6 +11,7 @@ its numbers is its own decision (the probe: a "body" failure).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,3 +48,36 @@ def lines_of(text: str, names: set[str]) -> Iterator[str]:
     for begin in sorted(starts):
         end = text.find("\n", begin)
         yield text[begin : end if end != -1 else len(text)]
+
+
+def sample_names(names: Iterable[str]) -> list[str]:
+    """The sample names a name stands for: itself, and `_total` (a counter's family name)."""
+    return [one for name in names for one in sample_names_of(name)]
+
+
+def sample_names_of(name: str) -> list[str]:
+    return [name] if name.endswith("_total") else [name, f"{name}_total"]
+
+
+def sums_of(found: list[Sample], names: Iterable[str]) -> dict[str, float | None]:
+    """Each name's samples (`sample_names`) summed over their label sets, NaN left out; None
+    for a name /metrics lacks (`name_created` and other suffixes are other samples)."""
+    values: dict[str, list[float]] = {}
+    for sample in found:
+        values.setdefault(sample.name, []).append(sample.value)
+    sums: dict[str, float | None] = {}
+    for name in names:
+        mine = [value for one in sample_names_of(name) for value in values.get(one, [])]
+        sums[name] = sum(v for v in mine if not math.isnan(v)) if mine else None
+    return sums
+
+
+def metric_sums(text: str, names: Iterable[str]) -> dict[str, float | None]:
+    """Each of `names` summed over its label sets in Prometheus text (as `sums_of`)."""
+    names = list(names)
+    return sums_of(samples(text, sample_names(names)), names)
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of `name`'s samples over all label sets in Prometheus text; None when absent."""
+    return metric_sums(text, [name])[name]

@@ -37,9 +37,12 @@ from ralph_runner.plugins.bounded_http import fetch
 from ralph_runner.plugins.network_errors import classify
 
 if TYPE_CHECKING:
+    from ralph_runner.plugins.first_token import Measure
     from ralph_runner.process.connection import Connection
 
-REASONS = ("refused", "timeout", "status", "body", "error", "stalled")
+# "foreign": the probe passed, but another local user holds its loopback port (not a check of
+# a kind: liveness/port_owner.py looks at the port's owner after a passing round)
+REASONS = ("refused", "timeout", "status", "body", "error", "stalled", "foreign")
 EXCERPT = 200  # characters of an unexpected answer kept in a probe's detail
 # What a "stalled" engine was found doing (the progress probe), so that a death's class is read
 # from data (liveness/faults.py), never from the detail's wording: requests active and no
@@ -101,7 +104,9 @@ class Awaiting:
     count: int
     since: float  # monotonic time the oldest was sent
     latest: float  # ... and the newest
-    expected: float | None  # s the largest should take to its first token; None: unmeasured
+    tokens: float  # the largest one's prompt tokens (from its bytes, at the ratio measured)
+    measures: tuple[Measure, ...] = ()  # the loop's requests' first tokens (plugins/first_token.py)
+    settled: float = 0.0  # when the loop's last request before these ended (monotonic)
 
 
 class Memory:

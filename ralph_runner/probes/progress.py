@@ -48,15 +48,16 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from ralph_runner import probes
-from ralph_runner.plugins import prometheus_text
+from ralph_runner.plugins import first_token, prometheus_text
 from ralph_runner.plugins.fields import Templated
+from ralph_runner.plugins.first_token import Calibration, EngineCounts, EngineMeter, Measure
 from ralph_runner.probes import Awaiting, ProbeContext, Verdict, excerpt, request
 from ralph_runner.probes import completion as completion_probe
 
@@ -67,6 +68,8 @@ COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
 MOVING = ["vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]
 ACTIVE = ["vllm:num_requests_running", "vllm:num_requests_waiting"]
 QUEUED = ["vllm:num_requests_waiting"]  # of those, the ones waiting for a place to run
+# The engine's steps, counted (a histogram's count: one observation per engine step)
+STEPS = ["vllm:iteration_tokens_total_count"]
 STARTED = "process_start_time_seconds"  # which server answered
 SLEEP_STATE = "vllm:engine_sleep_state"  # its sample labelled sleep_state="awake" is 0 asleep
 RESCRAPE = 1.0  # seconds of the probe's timeout kept for the scrape after an unanswered canary
@@ -92,6 +95,17 @@ class Stall(BaseModel):
         return self
 
 
+class Prefill(BaseModel):
+    """`prefill`: the engine's sums of prefill time and prompt tokens (and of the requests
+    prefilled): seconds per prompt token from every finished request (plugins/first_token.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: str = "vllm:request_prefill_time_seconds_sum"  # prefill seconds, summed
+    tokens: str = "vllm:request_prompt_tokens_sum"  # prompt tokens, summed
+    requests: str | None = "vllm:request_prefill_time_seconds_count"  # prompts; null: none
+
+
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,6 +120,11 @@ class Params(BaseModel):
     queued: list[str] = Field(default_factory=lambda: list(QUEUED))
     # gauges summed into the requests active: work that should make the numbers move
     active: list[str] = Field(default_factory=lambda: list(ACTIVE), min_length=1)
+    # the engine's steps counted (a counter, or a histogram's _count): how many ran since the
+    # loop's request was sent, however seldom a check sees them
+    steps: list[str] = Field(default_factory=lambda: list(STEPS))
+    prefill: Prefill | None = None  # the engine's own pace of prompts; unset: vLLM's names
+    calibrate: bool = True  # nothing measured a pace at the first idle check: measure one
     stall: Stall | None = None  # the learned hang bound's limits (docs: hangs); unset: the defaults
     stall_after: Templated[PositiveFloat] | None = None  # s: a fixed hang bound instead of `stall`
 
@@ -143,6 +162,7 @@ class Scrape:
     started: float | None = None  # the server's process start (epoch seconds)
     sleeping: bool = False  # vllm:engine_sleep_state says the engine is not awake
     queued: float | None = None  # the queued gauges, summed (None: /metrics has none)
+    engine: EngineCounts = field(default_factory=lambda: EngineCounts(None, None, None, None))
 
 
 @dataclass
@@ -189,6 +209,10 @@ class Memory(probes.Memory):
     taken: float | None = None  # the last check that saw the queue go down
     told_missing: set[str] = field(default_factory=set)  # names /metrics lacks, said once
     traffic: Callable[[], Awaiting | None] | None = None  # for `unanswered`: no context there
+    meter: EngineMeter = field(default_factory=EngineMeter)  # the engine's own counts
+    measures: deque[Measure] = field(default_factory=lambda: deque(maxlen=STEPS_KEPT))
+    calibration: Calibration | None = None  # the one this run sent, once sent
+    canary_ended: float = 0.0  # when our last canary was answered or given up
 
 
 def memory_of(ctx: ProbeContext) -> Memory:
@@ -206,7 +230,8 @@ def bound(params: Params, memory: Memory, now: float, awaiting: Awaiting | None)
     # Its first step is over once the engine stepped twice since it was sent, and since a
     # request was last taken from the queue, and none is queued (a queued one starts later).
     since = max(awaiting.latest, memory.taken or 0.0) if awaiting is not None else 0.0
-    stepped = sum(t > since for t in memory.stepped) >= 2
+    counted = memory.meter.steps_since(since, settled(memory, awaiting))
+    stepped = sum(t > since for t in memory.stepped) >= 2 or counted >= 2
     if awaiting is not None and stepped and not memory.queued:
         awaiting = None  # the steps measured cover the rest
     if params.stall_after is not None:
@@ -214,16 +239,36 @@ def bound(params: Params, memory: Memory, now: float, awaiting: Awaiting | None)
     else:
         base = memory.pace.slowest(now)
         why = f"the slowest step seen, {base:.1f} s" if base else "no slow step seen"
-        if awaiting is not None and awaiting.expected is None:
-            base, why = math.inf, "a prompt of this loop awaits its first token, pace unmeasured"
-        elif awaiting is not None and awaiting.expected is not None and awaiting.expected > base:
-            base = awaiting.expected
-            why = f"a prompt of this loop should reach its first token in {base:.1f} s"
+        if awaiting is not None:
+            measures = [*memory.measures, *awaiting.measures]
+            expected = first_token.expected(measures, awaiting.tokens, now)
+            size = f"a prompt of this loop (~{awaiting.tokens:.0f} tokens)"
+            if expected is None:
+                base, why = math.inf, f"{size} awaits its first token, pace unmeasured"
+            else:  # both said, whichever is larger: the source of the first step's pace shows
+                first = f"{size} to its first token, {expected.seconds:.1f} s by {expected.source}"
+                why = f"the larger of {why} and {first}"
+                base = max(base, expected.seconds)
         seconds = min(max(stall.margin * base, stall.floor), stall.ceiling)
         limits = f"floor {stall.floor:g}, ceiling {stall.ceiling:g}"
         found = Bound(seconds, f"{stall.margin:g} x {why}; {limits}")
     memory.bound = found
     return found
+
+
+def metered(memory: Memory, seen: Scrape, now: float) -> None:
+    """The engine's own numbers of a scrape: its steps counted, its pace of prompts."""
+    measured = memory.meter.read(seen.engine, now, idle=not seen.active and not seen.queued)
+    if measured is not None:
+        memory.measures.append(measured)
+
+
+def settled(memory: Memory, awaiting: Awaiting | None) -> float:
+    """When the last request of the loop's or the probe's own (canary, calibration) ended:
+    the engine's steps before then may be theirs."""
+    calibration = memory.calibration
+    ended = calibration.ended if calibration is not None and calibration.ended else 0.0
+    return max(awaiting.settled if awaiting else 0.0, memory.canary_ended, ended)
 
 
 def learn(memory: Memory, now: float) -> None:
@@ -238,7 +283,29 @@ def learn(memory: Memory, now: float) -> None:
 
 def awaiting_of(ctx: ProbeContext, memory: Memory) -> Awaiting | None:
     memory.traffic = ctx.traffic  # for `unanswered`, which gets no context
-    return ctx.traffic() if ctx.traffic is not None else None
+    return awaited(memory)
+
+
+def awaited(memory: Memory) -> Awaiting | None:
+    """The loop's requests awaiting their first token (its proxy's), with the probe's own
+    calibration while it awaits its answer: work whose first step nothing has measured."""
+    awaiting = memory.traffic() if memory.traffic is not None else None
+    calibration = memory.calibration
+    if calibration is None or calibration.measure is not None or calibration.error is not None:
+        return awaiting
+    if calibration.done.is_set():
+        return awaiting
+    if awaiting is None:
+        sent = calibration.sent  # our canary's steps came just before it: no idle reference
+        return Awaiting(1, sent, sent, calibration.tokens, settled=sent)
+    return replace(
+        awaiting,
+        count=awaiting.count + 1,
+        since=min(awaiting.since, calibration.sent),
+        latest=max(awaiting.latest, calibration.sent),
+        tokens=max(awaiting.tokens, calibration.tokens),
+        settled=max(awaiting.settled, calibration.sent),
+    )
 
 
 def check(params: Params, ctx: ProbeContext) -> Verdict:
@@ -248,6 +315,8 @@ def check(params: Params, ctx: ProbeContext) -> Verdict:
     if not isinstance(seen, Scrape):
         return seen
     now = time.monotonic()
+    metered(memory, seen, now)
+    absorb(memory)  # a calibration answered since the last check
     awaiting = awaiting_of(ctx, memory)
     # The loop's own request awaiting its first token is work the gauges may not show yet.
     active = seen.active or (awaiting.count if awaiting is not None else 0)
@@ -347,7 +416,7 @@ def unanswered(params: Params, state: probes.Memory) -> Verdict | None:
     first batch of that prompt runs. Else an ordinary timeout."""
     if not isinstance(state, Memory):
         return None
-    awaiting = state.traffic() if state.traffic is not None else None
+    awaiting = awaited(state)
     active = state.active or (awaiting.count if awaiting is not None else 0)
     if not active:
         return None
@@ -372,6 +441,8 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
         answer = completion_probe.check(params.completion, replace(ctx, timeout=within))
     except httpx.TimeoutException:
         return canary_unanswered(params, ctx, deadline, before, (sent, within))
+    finally:
+        memory.canary_ended = time.monotonic()
     took = time.monotonic() - sent
     if not answer.ok:
         return answer
@@ -379,6 +450,7 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
     if not isinstance(after, Scrape):
         return after
     memory.total = after.total  # our canary's own tokens are no progress of the engine
+    metered(memory, after, time.monotonic())  # its steps counted: a reference past them
     memory.motion = after.motion
     memory.answered = True
     if since is not None:  # it waited behind a step the gauges did not show: learn that step
@@ -386,7 +458,47 @@ def canary(params: Params, ctx: ProbeContext, deadline: float, before: Scrape) -
         learn(memory, time.monotonic())
     memory.unanswered_since = None
     memory.pace.learn(took, time.monotonic())
-    return Verdict(True, None, f"idle: a 1-token request answered in {took:.2f} s{before.note}")
+    said = calibrate(params, ctx, deadline)
+    return Verdict(
+        True, None, f"idle: a 1-token request answered in {took:.2f} s{said}{before.note}"
+    )
+
+
+def calibrate(params: Params, ctx: ProbeContext, deadline: float) -> str:
+    """At the first idle check that finds no pace measured (the loop's prompts would get the
+    ceiling), one request of known size measures it (plugins/first_token.py): awaited for the
+    rest of this check's time, then on its own thread, as work of unmeasured pace. Only for a
+    loop (its proxy's traffic to cover), once a run. What it says, for the check's detail."""
+    memory = memory_of(ctx)
+    if memory.calibration is not None:
+        return absorb(memory)
+    now = time.monotonic()
+    if ctx.traffic is None or not params.calibrate or params.completion is None:
+        return ""
+    if first_token.knows_pace(memory.measures, now):
+        return ""
+    completion = params.completion
+    ceiling = params.limits().ceiling
+    memory.calibration = Calibration(
+        ctx.client, completion.url, completion.model, completion.headers, ceiling
+    )
+    memory.calibration.wait(deadline - time.monotonic() - reserve(ctx))
+    return absorb(memory)
+
+
+def absorb(memory: Memory) -> str:
+    """The calibration's answer, once it came: its measure joins the engine's."""
+    calibration = memory.calibration
+    if calibration is None or not calibration.done.is_set():
+        return "; calibrating" if calibration is not None else ""
+    if calibration.measure is not None and calibration.measure not in memory.measures:
+        memory.measures.append(calibration.measure)
+        m = calibration.measure
+        return f"; calibrated: {m.tokens:.0f} prompt tokens to a first token in {m.seconds:.2f} s"
+    if calibration.error is not None and not calibration.told:
+        calibration.told = True
+        return f"; calibration failed ({calibration.error}): a prompt's pace stays unmeasured"
+    return ""
 
 
 def canary_unanswered(
@@ -449,9 +561,12 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
     if response.status_code != 200:
         detail = f"{params.metrics}: HTTP {response.status_code}: {excerpt(text)}"
         return Verdict(False, "status", detail)
+    prefill = params.prefill or Prefill()
+    pace = [prefill.seconds, prefill.tokens, *([prefill.requests] if prefill.requests else [])]
     names = [*params.counters, *params.active, *params.moving, *params.queued, STARTED]
-    found = prometheus_text.samples(text, [*sample_names(names), SLEEP_STATE])
-    sums = sums_of(found, names)
+    names += [*params.steps, *pace]
+    found = prometheus_text.samples(text, [*prometheus_text.sample_names(names), SLEEP_STATE])
+    sums = prometheus_text.sums_of(found, names)
     counters = {name: sums[name] for name in params.counters}
     active = {name: sums[name] for name in params.active}
     for what, values in (("counters", counters), ("active gauges", active)):
@@ -471,6 +586,12 @@ def scrape(params: Params, ctx: ProbeContext) -> Scrape | Verdict:
         queued=total_of(sums, params.queued),
         started=sums[STARTED],
         sleeping=asleep(found),
+        engine=EngineCounts(
+            sums[prefill.seconds],
+            sums[prefill.tokens],
+            sums[prefill.requests] if prefill.requests else None,
+            total_of(sums, params.steps),
+        ),
     )
 
 
@@ -486,36 +607,3 @@ def asleep(found: list[prometheus_text.Sample]) -> bool:
         if sample.name == SLEEP_STATE and sample.labels.get("sleep_state") == "awake":
             return sample.value == 0.0
     return False
-
-
-def sample_names(names: Iterable[str]) -> list[str]:
-    """The sample names a name stands for: itself, and `_total` (a counter's family name)."""
-    return [one for name in names for one in sample_names_of(name)]
-
-
-def sample_names_of(name: str) -> list[str]:
-    return [name] if name.endswith("_total") else [name, f"{name}_total"]
-
-
-def sums_of(found: list[prometheus_text.Sample], names: Iterable[str]) -> dict[str, float | None]:
-    """Each name's samples (`sample_names`) summed over their label sets, NaN left out; None
-    for a name /metrics lacks (`name_created` and other suffixes are other samples)."""
-    values: dict[str, list[float]] = {}
-    for sample in found:
-        values.setdefault(sample.name, []).append(sample.value)
-    sums: dict[str, float | None] = {}
-    for name in names:
-        mine = [value for one in sample_names_of(name) for value in values.get(one, [])]
-        sums[name] = sum(v for v in mine if not math.isnan(v)) if mine else None
-    return sums
-
-
-def metric_sums(text: str, names: Iterable[str]) -> dict[str, float | None]:
-    """Each of `names` summed over its label sets in Prometheus text (as `sums_of`)."""
-    names = list(names)
-    return sums_of(prometheus_text.samples(text, sample_names(names)), names)
-
-
-def metric_sum(text: str, name: str) -> float | None:
-    """The sum of `name`'s samples over all label sets in Prometheus text; None when absent."""
-    return metric_sums(text, [name])[name]

@@ -75,6 +75,7 @@ class Sequence:
     done: bool = False
     aborted: bool = False
     prefilled: float = 0.0  # prompt tokens in the KV cache so far (chunked prefill)
+    admitted: float = 0.0  # when the engine took it (monotonic): its prefill starts
 
     @property
     def kv_blocks(self) -> int:
@@ -95,6 +96,8 @@ class Stats:
     steps: int = 0  # engine steps that scheduled tokens (vllm:iteration_tokens_total's count)
     step_tokens: int = 0  # ... and their tokens (its sum)
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at admission)
+    prefill_seconds: float = 0.0  # admission to the prompt read, summed (prefill_time's sum)
+    prefills: int = 0  # ... over how many requests (its count)
     sleeping: bool = False  # vllm:engine_sleep_state
 
 
@@ -119,6 +122,7 @@ class Engine:
         self.batch_curve: BatchCurve | None = None
         self._batch = 0  # sequences the last step generated for
         self._credit = 0.0
+        self._step_started = time.monotonic()  # the step under way began (its admissions')
         self._totals = Stats()
         self.stats = Stats()  # published
         threading.Thread(target=self._run, name="EngineCore", daemon=True).start()
@@ -195,6 +199,7 @@ class Engine:
                 if self.dead:
                     return
                 lasts = self._chunk_seconds()
+                self._step_started = time.monotonic()
             if lasts is not None:  # a long step: nothing is published until it ends
                 time.sleep(lasts)
             with self.cond:
@@ -221,6 +226,11 @@ class Engine:
         tokens = min(self.prefill_chunk, reading[0].prompt_tokens - reading[0].prefilled)
         return tokens / self.prefill_rate
 
+    def _prefilled(self, sequence: Sequence) -> None:
+        """Its prompt is read: the time since it was admitted joins the prefill histogram."""
+        self._totals.prefill_seconds += time.monotonic() - sequence.admitted
+        self._totals.prefills += 1
+
     def _idle(self) -> bool:
         return not (self.waiting or self.running)
 
@@ -234,10 +244,12 @@ class Engine:
         while self.waiting and len(self.running) < self.max_num_seqs:
             sequence = self.waiting.popleft()
             self.running.append(sequence)
+            sequence.admitted = self._step_started
             totals.prefix_queries += sequence.prompt_tokens
             if self.prefill_rate is None:
                 sequence.prefilled = sequence.prompt_tokens
                 totals.prompt_tokens += sequence.prompt_tokens  # prefill
+                self._prefilled(sequence)
         self._credit += self.tokens_per_step
         tokens, self._credit = int(self._credit), self._credit - int(self._credit)
         scheduled = 0
@@ -251,6 +263,7 @@ class Engine:
                 if sequence.prefilled < sequence.prompt_tokens:
                     continue  # as vLLM 0.32 (measured): no counter moves until the prompt is read
                 totals.prompt_tokens += sequence.prompt_tokens
+                self._prefilled(sequence)
                 scheduled += sequence.prompt_tokens
             made = min(tokens, len(sequence.plan) - sequence.produced)
             scheduled += made
@@ -276,4 +289,6 @@ class Engine:
             step_tokens=totals.step_tokens,
             prefix_queries=totals.prefix_queries,
             sleeping=self.sleeping,
+            prefill_seconds=totals.prefill_seconds,
+            prefills=totals.prefills,
         )

@@ -143,7 +143,7 @@ HISTOGRAMS = [
               lambda s: (sum(s.finished.values()), s.prompt_tokens)),
     Histogram("vllm:request_prefill_time_seconds",
               "Histogram of time spent in PREFILL phase for request.",
-              lambda s: (sum(s.finished.values()), 0.0)),
+              lambda s: (s.prefills, s.prefill_seconds)),
 ]  # fmt: skip
 
 

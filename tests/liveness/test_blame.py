@@ -21,7 +21,7 @@ from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
 from standin_helpers import ROOT, START_SCRIPT, StandIn, wait_for
 
 from ralph_runner.liveness import recovery_lock
-from ralph_runner.probes.progress import metric_sum
+from ralph_runner.plugins.prometheus_text import metric_sum
 
 pytestmark = pytest.mark.timeout(120)
 ITEMS = ["add the road", "add the car"]

@@ -31,6 +31,7 @@ from faithful_helpers import Stream
 from standin_helpers import StandIn, ralph, wait_for
 
 from ralph_runner.loop.proxy import Proxy
+from ralph_runner.plugins import prometheus_text
 from ralph_runner.probes import ProbeContext, ProbeResult, progress, run_probe
 from ralph_runner.process.connection import for_host
 
@@ -67,12 +68,14 @@ class Watcher:
     standin: StandIn
     traffic: Proxy | None
     results: list[tuple[float, ProbeResult]] = field(default_factory=list)
+    calibrate: bool = False  # the cases below teach the pace themselves (test_first_token.py)
 
     def __post_init__(self) -> None:
         params = {
             "metrics": f"{self.standin.root_url}/metrics",
             "completion": {"url": self.standin.url, "model": self.standin.model},
             "stall": {"floor": FLOOR, "ceiling": CEILING, "margin": MARGIN_X},
+            "calibrate": self.calibrate,
         }
         self.params = progress.Params.model_validate(params)
         self.client = httpx.Client()
@@ -130,7 +133,7 @@ def agent_request(url: str, tokens: int, max_tokens: int = 20) -> Stream:
 def generated(standin: StandIn) -> float:
     """The tokens the engine generated so far (its /metrics)."""
     text = httpx.get(f"{standin.root_url}/metrics", timeout=5).text
-    return progress.metric_sum(text, "vllm:generation_tokens_total") or 0.0
+    return prometheus_text.metric_sum(text, "vllm:generation_tokens_total") or 0.0
 
 
 def chunked(standin: StandIn, rate: float = RATE) -> None:

@@ -221,7 +221,7 @@ def test_metrics_late_while_the_loops_request_awaits_is_busy_though_last_seen_id
     prober.ctx = replace(prober.ctx, traffic=lambda: awaiting[0] if awaiting else None)
     assert prober.check().detail.startswith("idle")
     sent = time.monotonic()
-    awaiting.append(probes.Awaiting(count=1, since=sent, latest=sent, expected=0.1))
+    awaiting.append(probes.Awaiting(count=1, since=sent, latest=sent, tokens=10))
     engine.metrics_delay = 2 * prober.ctx.timeout
     late = prober.check()
     assert verdict(late) == (True, None), late.detail
@@ -322,11 +322,11 @@ def test_metric_sum_over_label_sets_ignoring_created_and_other_names():
         'vllm:num_requests_running{engine="0"} NaN\n'
         'vllm:num_requests_running{engine="1"} 2'
     )
-    assert progress.metric_sum(text, "vllm:generation_tokens_total") == 15.0
-    assert progress.metric_sum(text, "vllm:generation_tokens") == 15.0  # the family name
-    assert progress.metric_sum(text, "vllm:num_requests_running") == 2.0
-    assert progress.metric_sum(text, "vllm:prompt_tokens_total") is None
-    assert progress.metric_sum("vllm:x 1\n", "vllm:x") == 1.0  # the first line
+    assert prometheus_text.metric_sum(text, "vllm:generation_tokens_total") == 15.0
+    assert prometheus_text.metric_sum(text, "vllm:generation_tokens") == 15.0  # the family name
+    assert prometheus_text.metric_sum(text, "vllm:num_requests_running") == 2.0
+    assert prometheus_text.metric_sum(text, "vllm:prompt_tokens_total") is None
+    assert prometheus_text.metric_sum("vllm:x 1\n", "vllm:x") == 1.0  # the first line
 
 
 def test_malformed_lines_cost_their_own_samples_only():
@@ -339,5 +339,5 @@ def test_malformed_lines_cost_their_own_samples_only():
         "vllm:generation_tokens_total\n"  # no value
         'vllm:generation_tokens_total{engine="2"} 5\n'
     )
-    assert progress.metric_sum(text, "vllm:generation_tokens_total") == 5.0
+    assert prometheus_text.metric_sum(text, "vllm:generation_tokens_total") == 5.0
     assert [s.value for s in prometheus_text.samples(text, ["vllm:x"])] == []

@@ -17,7 +17,7 @@ from e2e_helpers import Scenario
 from standin_helpers import ralph, wait_for
 from workers_helpers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
 
-from ralph_runner.probes.progress import metric_sum
+from ralph_runner.plugins.prometheus_text import metric_sum
 
 pytestmark = pytest.mark.timeout(120)
 
