@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ralph_runner.commands import options
 from ralph_runner.deaths import html as html_report
 from ralph_runner.deaths import stats
+from ralph_runner.durable.files import NotOurs, check_own_file
+from ralph_runner.errors import FatalError, Problem
+
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    data = stats.load(args.targets, args.inventory, args.extra_vars)
     output = Path(args.output)
-    answers = html_report.write(data, output)
+    _refused(check_own_file, output)  # before the records are read: a planted link, exit 2
+    data = stats.load(args.targets, args.inventory, args.extra_vars)
+    answers = _refused(lambda path: html_report.write(data, path), output)
     totals = answers["totals"]
     skipped = f"; {data.skipped.text()}" if data.skipped.total else ""
     print(
@@ -33,3 +40,13 @@ def main(args: argparse.Namespace) -> int:
         f"{output.stat().st_size / 1e6:.1f} MB){skipped}"
     )
     return 0
+
+
+def _refused(write: Callable[[Path], T], output: Path) -> T:
+    """`write(output)`, its refusal an error (exit 2): a symlink, another user's file, a hard
+    link (durable/files.py)."""
+    try:
+        return write(output)
+    except NotOurs as err:
+        why = f"will not write the report: it {err.strerror}"
+        raise FatalError(Problem(why, str(output))) from None

@@ -22,6 +22,7 @@ from markupsafe import Markup
 from ralph_runner.deaths import stats
 from ralph_runner.deaths import text as deaths_text
 from ralph_runner.deaths.answers import Answers, PromptSize, SignatureRow
+from ralph_runner.durable.files import replace_own_file
 from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.output import shorten
 
@@ -80,7 +81,7 @@ def write(data: stats.Data, output: Path) -> Answers:
     answers = stats.tables(data)
     page = render(data, answers)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(page, encoding="utf-8")
+    replace_own_file(output, page.encode("utf-8"))  # never through a link a repository planted
     return answers
 
 

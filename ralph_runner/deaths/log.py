@@ -24,7 +24,7 @@ from ralph_runner.deaths.record import (
     is_recovery,
 )
 from ralph_runner.durable import jsonl
-from ralph_runner.durable.files import append_durably
+from ralph_runner.durable.files import NotOurs, append_durably, check_own_file
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.output import columns, plural, shorten, step_ended
@@ -239,8 +239,7 @@ def totals(deaths: int, recoveries: list[RecoveryRecord]) -> str:
 def for_plan(plan: Plan) -> DeathLog:
     """The plan's death log: its paths, its template (shipped or the runbook's), its secrets."""
     config = plan.model.diagnostics
-    log = plan.path(("diagnostics", "log"), config.log)
-    records = config.records and plan.path(("diagnostics", "records"), config.records)
+    log, records = paths(plan)
     where = plan.runbook.where(("diagnostics", "template"))
     if config.template == "default":
         template = default_template()
@@ -251,9 +250,30 @@ def for_plan(plan: Plan) -> DeathLog:
             raise FatalError(replace(where, message=f"cannot read template: {exc}")) from None
     return DeathLog(
         log,
-        records_path(log, records),
+        records,
         template=template,
         templar=plan.templar,
         redactor=Redactor(plan.secret_values()),
         where=where,
     )
+
+
+def paths(plan: Plan) -> tuple[Path, Path]:
+    """The plan's death log and its JSONL records file, resolved against the workdir."""
+    config = plan.model.diagnostics
+    log = plan.path(("diagnostics", "log"), config.log)
+    records = config.records and plan.path(("diagnostics", "records"), config.records)
+    return log, records_path(log, records)
+
+
+def unsafe(plan: Plan) -> list[Problem]:
+    """The death log or records file, where one exists that ralph-run would not write (a
+    symlink, another user's file, a hard link): found at the start, not at the first death."""
+    found = []
+    for key, path in zip(("log", "records"), paths(plan), strict=True):
+        try:
+            check_own_file(path)
+        except NotOurs as err:
+            where = plan.runbook.where(("diagnostics", key))
+            found.append(replace(where, message=f"the death {key} {path} {err.strerror}"))
+    return found

@@ -9,7 +9,9 @@ creates are 0600: they hold server logs, prompts and the output of agents.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import stat
 import threading
 from pathlib import Path
@@ -97,7 +99,7 @@ def append_durably(path: Path, text: str) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+    fd = open_own_file(path, os.O_RDWR | os.O_APPEND)
     try:
         data = text.encode("utf-8")
         size = os.fstat(fd).st_size
@@ -116,3 +118,99 @@ def append_durably(path: Path, text: str) -> None:
     if created:  # the new file's directory entry too (best effort: some filesystems refuse)
         with contextlib.suppress(OSError):
             fsync_directory(path.parent)
+
+
+class NotOurs(OSError):
+    """A file ralph-run would write that is a symlink, not a regular file, another user's, or
+    hard-linked elsewhere: written through, it would change a file it does not own."""
+
+    def __init__(self, why: str, path: Path | str) -> None:
+        super().__init__(errno.EPERM, why, str(path))
+
+
+SYMLINK = "is a symlink: ralph-run does not write through one (remove it)"
+
+
+def not_ours(info: os.stat_result) -> str | None:
+    """Why a file (lstat or fstat) is not one ralph-run may write, or None when it may: a
+    regular file of this user's with no other name (a hard link to `~/.bashrc` is refused).
+    A directory passes: no write goes through one (it fails there, EISDIR, as it always did);
+    so does a character device of root's or ours (`/dev/null`: only root makes device nodes)."""
+    if stat.S_ISLNK(info.st_mode):
+        return SYMLINK
+    if stat.S_ISDIR(info.st_mode) or (
+        stat.S_ISCHR(info.st_mode) and info.st_uid in (0, os.getuid())
+    ):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file (a FIFO, a socket: remove it, or name another)"
+    if info.st_uid != os.getuid():
+        return f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    if info.st_nlink > 1:
+        return f"has {info.st_nlink} hard links: ralph-run writes only a file of its own"
+    return None
+
+
+def check_own_file(path: Path) -> None:
+    """NotOurs when `path` exists and is not a file ralph-run may write (`not_ours`); a path
+    that does not exist is fine: it will be created, never followed."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    why = not_ours(info)
+    if why is not None:
+        raise NotOurs(why, path)
+
+
+def open_own_file(path: Path, flags: int, mode: int = PRIVATE_FILE) -> int:
+    """`path` opened without following a link: an existing one only when it is a regular file
+    of ours (checked on the open descriptor: no race), else a new one (O_CREAT|O_EXCL, which a
+    link planted in between makes fail). NotOurs when it is none of these."""
+    flags |= os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO does not block
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):  # made since: opened as an existing one
+                return os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise NotOurs(SYMLINK, path) from None
+            raise
+        why = not_ours(os.fstat(fd))
+        if why is None:
+            return fd
+        os.close(fd)
+        raise NotOurs(why, path)
+    raise NotOurs("keeps appearing and vanishing while opened", path)
+
+
+def replace_own_file(path: Path, data: bytes, mode: int = 0o666, *, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically, through a temp file of a random name made in its
+    directory (O_EXCL|O_NOFOLLOW: no planted name is followed); `mode` before the umask (the
+    report and the textfile are read by others: a browser, node_exporter). NotOurs when the
+    file there is not one ralph-run may write; OSError when it cannot be written."""
+    check_own_file(path)
+    target = Path(os.path.abspath(path))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    temp = target.with_name(f".{target.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
+    fd = os.open(temp, flags, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    if durable:
+        with contextlib.suppress(OSError):
+            fsync_directory(target.parent)

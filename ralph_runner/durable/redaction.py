@@ -4,6 +4,7 @@ variables named like secrets, tokens and URL credentials by shape."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,17 +43,37 @@ def secret_named(name: str, value: object) -> bool:
     )
 
 
+_made: list[str] = []  # secrets this process made (the agent proxy's URL tokens)
+_made_lock = threading.Lock()
+
+
+def register(value: str) -> None:
+    """A secret the run made (the agent proxy's URL token, which an agent prints in its errors):
+    masked from now on by every Redactor, those made before included."""
+    with _made_lock:
+        if value not in _made:
+            _made.append(value)
+
+
 class Redactor:
     """Masks secret values and credential-shaped tokens in text and in records."""
 
     def __init__(self, secret_values: Iterable[str]) -> None:
-        values = sorted(
-            {v for v in secret_values if len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True
-        )
+        self._values = {v for v in secret_values if len(v) >= MIN_SECRET_LENGTH}
+        self._made = -1  # how many registered secrets the pattern holds
+        self._pattern = self._compiled()
+
+    def _compiled(self) -> re.Pattern[str]:
+        with _made_lock:
+            self._made = len(_made)
+            made = set(_made)
         # Longest first, so a secret that contains another one is masked whole.
-        self._pattern = re.compile("|".join([*(re.escape(v) for v in values), *TOKEN_PATTERNS]))
+        values = sorted(self._values | made, key=len, reverse=True)
+        return re.compile("|".join([*(re.escape(v) for v in values), *TOKEN_PATTERNS]))
 
     def text(self, s: str) -> str:
+        if self._made != len(_made):  # a secret registered since
+            self._pattern = self._compiled()
         s = BEARER.sub(r"\g<1>" + MASK, self._pattern.sub(MASK, s))
         return URL_TOKEN.sub(r"\g<1>" + MASK, URL_PASSWORD.sub(r"\g<1>" + MASK, s))
 

@@ -2,9 +2,12 @@
 
 node_exporter's textfile collector serves every `*.prom` file of a directory, so an operator's
 existing Prometheus sees each loop with no server of ours. The file follows the run's events
-(a follower of output.EventBus); prometheus_client renders it and writes it atomically (a temp
-file in the same directory, then rename). A heartbeat rewrites it every HEARTBEAT s so that
-`ralph_last_update_timestamp_seconds` tells a loop that hangs from one that is busy.
+(a follower of output.EventBus); prometheus_client renders it, and it is replaced atomically by
+a temp file of a random name made in the same directory without following a link (its own
+writer followed one planted at its predictable temp name); an existing textfile must be a
+regular file of ours (a link stops the run at its start, exit 2). A heartbeat rewrites it
+every HEARTBEAT s so that `ralph_last_update_timestamp_seconds` tells a loop that hangs from one
+that is busy.
 Counters count from the start of this ralph-run process (Prometheus' `increase()` copes with
 the reset of a restarted loop).
 """
@@ -17,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import ALLOWUTF8
 
 from ralph_runner import events
+from ralph_runner.durable.files import NotOurs, check_own_file, replace_own_file
 from ralph_runner.errors import FatalError
 from ralph_runner.runbook.plan import Plan
 
@@ -48,6 +53,13 @@ def textfile_path(plan: Plan) -> Path | None:
         where = plan.runbook.where(("metrics", "textfile"))
         message = f"no such directory for the metrics textfile: {path.parent}"
         raise FatalError(replace(where, message=message))
+    try:
+        check_own_file(path)
+    except NotOurs as err:
+        where = plan.runbook.where(("metrics", "textfile"))
+        raise FatalError(
+            replace(where, message=f"the metrics textfile {path} {err.strerror}")
+        ) from None
     return path
 
 
@@ -173,7 +185,8 @@ class Textfile:
         with self._lock:
             self.updated.labels(self.host).set(time.time())
             try:
-                write_to_textfile(str(self.path), self.registry)
+                data = generate_latest(self.registry, ALLOWUTF8)
+                replace_own_file(self.path, data, durable=False)  # a gauge: the next one comes
             except OSError as exc:
                 if not self._failed:
                     self.warn(f"metrics textfile {self.path}: {exc.strerror or exc}")

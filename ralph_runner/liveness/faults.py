@@ -1,9 +1,9 @@
 """What kind of fault a death was, in the operator's words, and the evidence for it.
 
-The probes say *how* a check failed (refused, timeout, status, body, error, stalled); an
-operator wants *what happened to the server*: gone, dead, stalled with work waiting, idle and
-not answering, asleep, restarted by someone else. The class goes into the death record, the
-console's death line and `ralph-run deaths`' table by class.
+The probes say *how* a check failed (refused, timeout, status, body, error, stalled, foreign);
+an operator wants *what happened to the server*: gone, dead, stalled with work waiting, idle and
+not answering, asleep, restarted by someone else, its port taken by another user. The class goes
+into the death record, the console's death line and `ralph-run deaths`' table by class.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ STALLED_IDLE = "idle engine not answering"  # nothing active, our 1-token canary
 ASLEEP = "sleeping"  # vllm:engine_sleep_state: put to sleep, serves nothing
 WEDGED = "server not answering"  # a probe timed out: the API server itself is wedged
 RESTARTED = "restarted by someone else"  # a new server answered during the attempt
+FOREIGN = "port held by another user"  # it answers, but its socket is not ours (port_owner.py)
 OTHER = "other"
 STALLED: dict[Finding, str] = {  # a stalled probe's finding -> the class
     "work-stalled": STALLED_WORK,
@@ -48,7 +49,7 @@ def classify(results: list[ProbeResult]) -> tuple[str, str]:
     if not failing:
         return OTHER, "no failing probe"
     by_reason = {r.reason: r for r in failing}
-    for reason, cls in (("refused", GONE), ("status", DEAD)):
+    for reason, cls in (("foreign", FOREIGN), ("refused", GONE), ("status", DEAD)):
         if reason in by_reason:
             return cls, _evidence(by_reason[reason])
     stalled = by_reason.get("stalled")

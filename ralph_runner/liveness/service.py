@@ -8,6 +8,10 @@ Three things are not deaths of the kind the seed counted, and are told apart her
   death, waits for that recovery (recovery_lock.py) and runs no step of its own;
 - the server was restarted by someone else during an attempt (`restarted`): a death record,
   no recovery (it is up), and no strike for the agent.
+
+A server that answers is trusted only when its loopback port is ours (port_owner.py): at every
+check that finds it alive, and whenever a recovery, a start or someone else brings it back.
+Another user's is a death of its own class that no recovery can mend: the run gives up.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
 
@@ -24,12 +29,19 @@ from ralph_runner.deaths.log import DeathLog
 from ralph_runner.deaths.record import DeathRecord, DuringRecovery, Facts, Known, Outcome
 from ralph_runner.deaths.wiring import Session
 from ralph_runner.errors import GaveUp
-from ralph_runner.liveness import diagnostics, faults, recovery, recovery_lock
+from ralph_runner.liveness import diagnostics, faults, port_owner, recovery, recovery_lock
 from ralph_runner.liveness.health import Health
 from ralph_runner.probes import ProbeResult
 from ralph_runner.runbook import tasks
 from ralph_runner.runbook.plan import Plan
 from ralph_runner.workspace.status_file import LastDeath, LastStart
+
+# Why a service on another user's port is given up on at once (the recovery's reason)
+UNRECOVERABLE = (
+    "no recovery frees a port another user holds: stop their server, give ours a port or a unix "
+    "socket of its own, or, if that user runs it for you, name them in health.trusted_users "
+    "(docs/security.md)"
+)
 
 
 class ServiceState(Protocol):
@@ -62,6 +74,7 @@ class Service:
         self.session = session
         self.config = plan.model.recovery
         self.checked = False  # has this run checked the service yet?
+        self.owners_unknown = False  # said once: the ports' owners cannot be looked up here
         self.signatures: list[str] = []  # this run's deaths, by signature (the summary's)
         self.lock_key = recovery_lock.key_for(
             self.config.lock, [str(spec.params) for spec in health.probes]
@@ -75,6 +88,7 @@ class Service:
         first, self.checked = not self.checked, True
         alive, rounds = self.health.check(iteration, cancel=self.stop)
         if alive:
+            self._ours(phase, rounds, facts)
             return
         if first and all(faults.not_serving_yet(r) for r in rounds[-1] if not r.ok):
             self.start(rounds, facts)
@@ -91,7 +105,7 @@ class Service:
         self.emit(events.Start(service=name, reason=f"{failing.name}: {failing.detail}"))
         death = recovery.death_of(0, "start", iso_time(now), rounds[-1], faults.NOT_RUNNING)
         variables = {**facts.get("variables", {}), "phase": "start", "death": death}
-        outcome = self._recover_or_reason(now, variables, crash_loop=False)
+        outcome = self._still_ours(self._recover_or_reason(now, variables, crash_loop=False))
         self.death_log.write_start(
             {
                 "time": iso_time(now),
@@ -200,10 +214,13 @@ class Service:
         )
         if recover is None:
             recover = fault_class != faults.RESTARTED
-        if recover:
-            outcome = self._recover_or_reason(now, variables)
+        if fault_class == faults.FOREIGN:
+            outcome = recovery.Outcome(False, 0, 0.0, f"{evidence}; {UNRECOVERABLE}")
+        elif recover:
+            outcome = self._still_ours(self._recover_or_reason(now, variables))
         else:
-            outcome = recovery.Outcome(True, 0, 0.0, by="someone else (a new server answers)")
+            by = "someone else (a new server answers)"
+            outcome = self._still_ours(recovery.Outcome(True, 0, 0.0, by=by))
         self.death_log.write_recovery(
             {"death": number, "time": iso_time(time.time()), **self._outcome_fields(outcome)}
         )
@@ -221,6 +238,36 @@ class Service:
             raise GaveUp(
                 f"service not recovered: {outcome.reason}", exit_code=self.config.exit_code
             )
+
+    def _ours(self, phase: str, rounds: list[list[ProbeResult]], facts: Facts) -> None:
+        """A service that answers on another user's port is a death (its probe fails as
+        `foreign`), recorded as deaths are; then the run gives up (GaveUp)."""
+        foreign = {result.name: result for result in self._foreign()}
+        if not foreign:
+            return
+        last = [foreign.pop(result.name, result) for result in rounds[-1]]
+        self.died(phase, [*rounds[:-1], [*last, *foreign.values()]], facts)
+
+    def _still_ours(self, outcome: recovery.Outcome) -> recovery.Outcome:
+        """A service back up (recovered, started, or restarted by someone else) on another
+        user's port is not back: no agent step may send it a prompt."""
+        if not outcome.recovered or not (foreign := self._foreign()):
+            return outcome
+        reason = f"{faults.classify(list(foreign))[1]}; {UNRECOVERABLE}"
+        return replace(outcome, recovered=False, reason=reason, by=None)
+
+    def _foreign(self) -> tuple[ProbeResult, ...]:
+        """The probes whose loopback port another user holds, as failed results."""
+        owners = port_owner.check(self.health.probes, self.plan.model.health.trusted_users)
+        if owners.unknown is not None and not self.owners_unknown:
+            self.owners_unknown = True
+            self.emit(
+                events.Warning(
+                    message=f"who listens on the probes' ports cannot be told here "
+                    f"({owners.unknown}): a server another user started there would be trusted"
+                )
+            )
+        return owners.foreign
 
     @staticmethod
     def _outcome_fields(outcome: recovery.Outcome) -> Outcome:

@@ -12,6 +12,7 @@ from typing import Literal, cast
 
 from ralph_runner import events
 from ralph_runner.actions import KINDS, UNWATCHED, TaskResult
+from ralph_runner.deaths import log as death_log
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.deaths.record import Facts
@@ -30,6 +31,7 @@ from ralph_runner.runbook import preflight, tasks
 from ralph_runner.runbook.loader import TaskSpec
 from ralph_runner.runbook.plan import Plan
 from ralph_runner.workspace import checklist, git
+from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import HangBound, Status
 
 SETTLE = 1.0  # seconds a failed attempt waits before its after-failure health check
@@ -153,10 +155,17 @@ class Runner:
 
     def _preflight(self) -> None:
         """What would only fail at the first iteration fails now, at its line in the runbook."""
-        found = preflight.problems(self.plan)  # --check finds the same (commands/check.py)
+        # --check finds the same (commands/check.py); a planted link at the death log would
+        # take the next death's text
+        found = preflight.problems(self.plan) + death_log.unsafe(self.plan)
         if found:
             raise FatalError(found)
         self.in_repo = git.is_repo(self.plan.workdir)
+        if self.in_repo:  # before .ralph/ is made or written: a tracked one is the repository's
+            ours = [self.store.dir]
+            if self.workers > 1:  # the worktrees live under the top's .ralph/
+                ours.append(git.top(self.plan.workdir) / STATE_DIR)
+            git.refuse_tracked(self.plan.workdir, ours)
         if self.workers > 1 and (not self.in_repo or git.head(self.plan.workdir) is None):
             raise FatalError(
                 f"workers: {'auto' if self.auto else self.workers} needs the workdir in a git "

@@ -13,8 +13,10 @@ _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erase line
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, hyperlinks
     r"|\x1b[@-Z\\-_]"  # the other two-byte escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # their one-character (C1) forms: CSI U+009B, as a terminal
+    r"|\x9d[^\x07\x1b\x9c]*(?:\x07|\x9c|\x1b\\)?"  # reads them; OSC U+009D
 )
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 controls, DEL
 
 
 def clean(text: str) -> str:

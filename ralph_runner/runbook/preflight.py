@@ -3,8 +3,9 @@
 
 The workdir must be a directory, the checklist a file in it, and the workdir a git repository
 when a `verify` step needs commits. Each problem points at the runbook key to fix: `workdir:`,
-`checklist.path`, the verify step. Nothing is written; git is asked (`git rev-parse`, read-only)
-only when a verify step needs commits, as the run asks it.
+`checklist.path`, the verify step; the death log and its records, where they exist, must be
+regular files of the run's user (no link is written through). Nothing is written; git is asked
+(`git rev-parse`, read-only) only when a verify step needs commits, as the run asks it.
 """
 
 from __future__ import annotations

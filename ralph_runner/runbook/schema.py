@@ -182,6 +182,9 @@ class Health(Model):
     failures_before_dead: PositiveInt = 2  # consecutive failed rounds before it counts as dead
     interval: NonNegativeFloat = 1.0  # seconds between those rounds while confirming
     watch: NonNegativeFloat = 0.0  # also probe every this many seconds while a step runs; 0: off
+    # the users besides the run's own and root whose server on a probe's loopback port is
+    # trusted (names or uids: a service account such as `vllm`); another user's is a death
+    trusted_users: list[str | int] = []
 
 
 class Diagnostics(Model):

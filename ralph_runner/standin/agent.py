@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -92,7 +93,10 @@ def commit(message: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1"
+        "--url",
+        default=os.environ.get("RALPH_BASE_URL"),  # off the command line: `ps` shows that
+        required="RALPH_BASE_URL" not in os.environ,
+        help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1 (default: $RALPH_BASE_URL)",
     )
     parser.add_argument("--model", required=True)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the LLM call")

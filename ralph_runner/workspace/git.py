@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ralph_runner.durable.files import TEMP_SUFFIX
-from ralph_runner.errors import FatalError
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.process import execute
 from ralph_runner.workspace.state_files import STATE_DIR
 
@@ -146,6 +146,27 @@ def exclude_from_git(workdir: Path, paths: list[Path], patterns: Iterable[str] =
     separator = "\n" if existing and not existing.endswith("\n") else ""
     with exclude.open("a", encoding="utf-8") as out:
         out.write(separator + "".join(f"{line}\n" for line in [*lines, *missing]))
+
+
+def refuse_tracked(workdir: Path, directories: Iterable[Path]) -> None:
+    """FatalError (exit 2) when the repository tracks anything under one of ralph-run's own
+    `directories` (`.ralph/`): what a repository commits there is the repository's, not ours,
+    and a committed link (`.ralph/worktrees -> ../../x`) would turn a clean-up into deleting
+    what it points to. Nothing is checked outside a git repository."""
+    here = os.path.realpath(workdir)  # git's paths are real ones; `.ralph` itself may be a link
+    for directory in dict.fromkeys(Path(os.path.realpath(d.parent)) / d.name for d in directories):
+        spec = os.path.relpath(directory, here)
+        argv = ["git", "--literal-pathspecs", "ls-files", "-z", "--full-name", "--", spec]
+        result = execute.run(argv, cwd=here, timeout=60)
+        tracked = [p for p in result.output.split("\0") if p] if result.ok else []
+        if tracked:
+            more = len(tracked) - 3
+            shown = ", ".join(tracked[:3]) + (f" and {more} more" if more > 0 else "")
+            why = (
+                f"is tracked by git ({shown}): ralph-run's own directory must not be the "
+                "repository's; `git rm -r --cached` it and commit, then run again"
+            )
+            raise FatalError(Problem(why, str(directory)))
 
 
 def _find_repo(start: Path) -> tuple[Path, Path] | None:

@@ -6,20 +6,31 @@ kill -9 deletes the recorded branches only. Landing builds the whole landing in 
 (the attempt's commits replayed onto the workdir's head, the checklist left out, then the item
 ticked) and moves the workdir's branch with one `merge --ff-only`: the operator's checkout moves
 only by whole landings, and a landing that does not apply leaves the workdir as it was.
+
+`.ralph/worktrees` is checked as `.ralph/` is (a real directory of ours, 0700) before anything is
+made or removed under it, and removals go through its file descriptor without following a link:
+a repository that commits `.ralph/worktrees -> ../../precious` must not turn the clean-up of
+stale worktrees into deleting everything under `precious`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from ralph_runner.durable.files import state_directory, write_atomic
+from ralph_runner.durable.files import PRIVATE_DIRECTORY, state_directory, write_atomic
+from ralph_runner.errors import FatalError, Problem
 from ralph_runner.process import execute
 from ralph_runner.workspace import checklist
 from ralph_runner.workspace.state_files import STATE_DIR
@@ -28,6 +39,7 @@ BRANCH_PREFIX = "ralph/"
 WORKTREES = "worktrees"  # under .ralph/
 RECORD = "worktrees.json"  # under .ralph/: the branches ralph-run made (Made)
 GIT_TIMEOUT = 120
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 _record_lock = threading.Lock()  # the record's read-modify-write, between workers
@@ -54,6 +66,85 @@ def _git(cwd: Path, *args: str, check: bool = True) -> execute.Result:
 def root(workdir: Path) -> Path:
     """Where the workers' worktrees live: the workdir's `.ralph/worktrees`."""
     return workdir / STATE_DIR / WORKTREES
+
+
+@contextlib.contextmanager
+def opened_root(workdir: Path, *, create: bool) -> Iterator[int | None]:
+    """`.ralph/worktrees` open, reached without following a link, and checked as `.ralph/` is:
+    a directory of ours, 0700 (made so, or narrowed); None when it is missing and not `create`.
+    FatalError (nothing touched) when it is a link, not a directory, or another user's: a link
+    there would make the clean-up delete whatever it points to."""
+    where, state = root(workdir), workdir / STATE_DIR
+    if not create and not os.path.lexists(state):
+        yield None  # nothing made yet: nothing to clean
+        return
+    state_directory(state)
+    try:
+        parent = os.open(state, _DIRECTORY)
+    except OSError as e:
+        raise FatalError(Problem(f"cannot open: {e.strerror}", str(state))) from None
+    try:
+        fd = _open_child(parent, where, create)
+    finally:
+        os.close(parent)
+    if fd is None:
+        yield None
+        return
+    try:
+        _check_ours(fd, where)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_child(parent: int, where: Path, create: bool) -> int | None:
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(WORKTREES, PRIVATE_DIRECTORY, dir_fd=parent)
+    try:
+        info = os.lstat(WORKTREES, dir_fd=parent)
+        if not stat.S_ISLNK(info.st_mode):
+            return os.open(WORKTREES, _DIRECTORY, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise FatalError(Problem(f"cannot open: {e.strerror}", str(where))) from None
+    raise FatalError(Problem(_not_a_directory(parent), str(where)))
+
+
+def _not_a_directory(parent: int) -> str:
+    try:
+        found = f"a symlink to {os.readlink(WORKTREES, dir_fd=parent)}"
+    except OSError:
+        found = "a file"
+    return (
+        f"is {found}, not a directory of ralph-run's own: refused, as removing stale worktrees "
+        "would delete what it points to; remove it (`git rm` it where the repository tracks it)"
+    )
+
+
+def _check_ours(fd: int, where: Path) -> None:
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid():
+        why = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()}): refused"
+        raise FatalError(Problem(why, str(where)))
+    if stat.S_IMODE(info.st_mode) != PRIVATE_DIRECTORY:
+        os.fchmod(fd, PRIVATE_DIRECTORY)
+
+
+def _remove_entry(parent: int, name: str) -> None:
+    """`name` in the directory open as `parent` gone, no link followed: a link or a file is
+    unlinked (never what it points to), a directory removed through fds (rmtree's dir_fd)."""
+    try:
+        info = os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, ignore_errors=True, dir_fd=parent)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=parent)
 
 
 def slug(text: str, most: int = 40) -> str:
@@ -88,25 +179,29 @@ def add(workdir: Path, worker: int, item_text: str) -> Tree:
         while branch not in made and _branch_exists(workdir, branch):
             n += 1
             branch = f"{name}-{n}"
-        _drop(workdir, path, branch if branch in made else None)
+        _drop(workdir, path.name, branch if branch in made else None)
         _write_made(workdir, sorted({*_made(workdir), branch}))
     base = head(workdir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _git(workdir, "worktree", "add", "-q", "-b", branch, str(path), base)
+    with opened_root(workdir, create=True):  # git makes the worktree in a checked directory
+        _git(workdir, "worktree", "add", "-q", "-b", branch, str(path), base)
     return Tree(path, branch, base)
 
 
 def remove(workdir: Path, tree: Tree) -> None:
     """The worktree and its branch gone (whatever state they are in), and its record."""
     with _record_lock:
-        _drop(workdir, tree.path, tree.branch)
+        _drop(workdir, tree.path.name, tree.branch)
         _write_made(workdir, [b for b in _made(workdir) if b != tree.branch])
 
 
-def _drop(workdir: Path, path: Path, branch: str | None) -> None:
-    _git(workdir, "worktree", "remove", "--force", "--force", str(path), check=False)
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
+def _drop(workdir: Path, name: str, branch: str | None) -> None:
+    """The worktree `.ralph/worktrees/<name>` gone (git's record of it, then what is left of
+    its files, through the checked directory's fd), and `branch`."""
+    with opened_root(workdir, create=False) as fd:
+        path = root(workdir) / name
+        _git(workdir, "worktree", "remove", "--force", "--force", str(path), check=False)
+        if fd is not None:
+            _remove_entry(fd, name)
     _git(workdir, "worktree", "prune", check=False)
     if branch:
         _git(workdir, "branch", "-D", "-q", branch, check=False)
@@ -143,17 +238,20 @@ def stale(workdir: Path) -> list[str]:
     removed, for the operator."""
     found: list[str] = []
     where = root(workdir)
-    listed = _git(workdir, "worktree", "list", "--porcelain", check=False).output
-    for line in listed.splitlines():
-        if line.startswith("worktree "):
-            path = Path(line.removeprefix("worktree "))
-            if path.resolve().is_relative_to(where.resolve()):
-                _drop(workdir, path, None)
-                found.append(str(path))
-    if where.exists():
-        for child in where.iterdir():
-            shutil.rmtree(child, ignore_errors=True)
-            found.append(str(child))
+    with opened_root(workdir, create=False) as fd:  # a link there: refused before any removal
+        listed = _git(workdir, "worktree", "list", "--porcelain", check=False).output
+        for line in listed.splitlines():
+            if line.startswith("worktree "):
+                path = Path(line.removeprefix("worktree "))
+                if path.resolve().is_relative_to(where.resolve()):
+                    _git(
+                        workdir, "worktree", "remove", "--force", "--force", str(path), check=False
+                    )
+                    found.append(str(path))
+        if fd is not None:
+            for name in os.listdir(fd):
+                _remove_entry(fd, name)
+                found.append(str(where / name))
     _git(workdir, "worktree", "prune", check=False)
     with _record_lock:
         for branch in _made(workdir):

@@ -14,7 +14,7 @@
 #      START_TIMEOUT (360: the seed's 90 polls x 4 s; vLLM's cold start is ~3 min),
 #      POLL_INTERVAL (4), HEALTH_TIMEOUT (3, per check).
 # exit: 0 healthy; 1 compose failed, the container exited, or not healthy in time (the end of
-#      its log is printed).
+#      its log is printed), or another user's server holds PORT (docs/security.md).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,6 +39,32 @@ compose() {  # the v2 plugin where there is one, else Debian's docker-compose (v
   fi
 }
 
+# Is the server that answers ours? Another local user may bind PORT first while the container
+# is down and answer as a healthy server: every prompt would go to them, and their answers drive
+# the agent (docs/security.md). Every socket listening on PORT (the kernel's tables, state 0A,
+# the port in hex: no `ss` or python needed) must be our user's or root's: docker's port proxy
+# (docker-proxy) listens as root, rootless docker's as us. A port nobody is seen to hold
+# (docker's NAT without its proxy) is not refused: a server would have to listen to be reached.
+check_owner() {
+  local me hex table tables=() theirs
+  me="$(id -u)"
+  printf -v hex ':%04X' "$PORT"
+  for table in /proc/net/tcp /proc/net/tcp6; do
+    [[ -r $table ]] && tables+=("$table")
+  done
+  if ((${#tables[@]} == 0)); then
+    echo "[start_vllm] who listens on port $PORT cannot be told here (no /proc/net/tcp)" >&2
+    return 0
+  fi
+  theirs="$(awk -v port="$hex" -v me="$me" '$4 == "0A" && substr($2, length($2) - 4) == port &&
+    $8 != me && $8 != 0 { print $8 }' "${tables[@]}" | sort -un | paste -sd, -)"
+  if [[ -n $theirs ]]; then
+    echo "[start_vllm] port $PORT is held by uid $theirs, not by us (uid $me): another user's" \
+      "server answers there and would get every prompt; not trusted" >&2
+    return 1
+  fi
+}
+
 state() { docker inspect --format '{{.State.Status}}' "$CONTAINER" 2>/dev/null || echo missing; }
 
 fail_with_log() {  # MESSAGE
@@ -48,6 +74,7 @@ fail_with_log() {  # MESSAGE
 }
 
 if healthy; then
+  check_owner || exit 1
   echo "[start_vllm] vLLM already running ($HEALTH_URL)"
   exit 0
 fi
@@ -67,4 +94,5 @@ until healthy; do
   ((SECONDS < deadline)) || fail_with_log "not healthy after ${START_TIMEOUT}s ($HEALTH_URL)"
   sleep "$POLL_INTERVAL"
 done
+check_owner || exit 1
 echo "[start_vllm] healthy: $CONTAINER, $HEALTH_URL"

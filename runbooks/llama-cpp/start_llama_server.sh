@@ -7,6 +7,9 @@
 #            waits: busy) is left alone; one still loading its model (/health answers 503,
 #            ours or not) is waited for; one that is up but not healthy (hung, stopped) is
 #            killed; then a new server starts in its own session and is polled until healthy.
+#            A healthy server must hold the port with a socket of our user (or root), and one
+#            started here with its own group's: another user's fails the start, exit 1
+#            (after a crash they may bind the port first; docs/security.md).
 #   stop     SIGTERM (and SIGCONT, so a stopped server can obey), SIGKILL after STOP_TIMEOUT;
 #            returns when no process of its group is left.
 #   kill     SIGKILL at once: a generation stalled inside the engine never returns to the loop
@@ -120,6 +123,59 @@ ours() { # is the group still llama-server's? (a pid file outliving a reboot nam
   members | grep -qF -- "$NAME"
 }
 
+# Who listens on TCP port $1: one "uid inode" line per listening socket there, at any address,
+# from the kernel's tables (/proc/net/tcp and tcp6: state 0A, the port in hex), which any user
+# may read; neither iproute2's `ss` nor python is needed.
+listeners() {
+  local hex table tables=()
+  printf -v hex ':%04X' "$1"
+  for table in /proc/net/tcp /proc/net/tcp6; do
+    [[ -r $table ]] && tables+=("$table")
+  done
+  ((${#tables[@]} > 0)) || return 0
+  awk -v port="$hex" '$4 == "0A" && substr($2, length($2) - 4) == port { print $8, $10 }' \
+    "${tables[@]}"
+}
+
+# The inodes of the sockets that the pid file's group holds (/proc/PID/fd/N -> socket:[INODE]).
+group_sockets() {
+  local pid
+  for pid in $(members | awk '{ print $1 }'); do
+    find "/proc/$pid/fd" -maxdepth 1 -lname 'socket:*' -printf '%l\n' 2>/dev/null || true
+  done | tr -dc '0-9\n'
+}
+
+# [PID]: is the server that answers ours? Another local user may bind the port first after a
+# crash and answer as a healthy server: every prompt would go to them, and their answers drive
+# the agent (docs/security.md). So every socket listening on the port must be our user's (or
+# root's: it can act as us anyway) and, given the PID of the server this script started, its
+# group's. Says why not, and returns 1.
+check_owner() {
+  local me found theirs ours inode strangers=""
+  me="$(id -u)"
+  if [[ ! -r /proc/net/tcp ]]; then
+    say "who listens on port $LLAMA_PORT cannot be told here (no /proc/net/tcp): not checked" >&2
+    return 0
+  fi
+  found="$(listeners "$LLAMA_PORT")"
+  theirs="$(awk -v me="$me" '$1 != me && $1 != 0 { print $1 }' <<<"$found" | sort -un |
+    paste -sd, -)"
+  if [[ -n $theirs ]]; then
+    say "port $LLAMA_PORT is held by uid $theirs, not by us (uid $me): another user's" \
+      "server answers there and would get every prompt; not trusted" >&2
+    return 1
+  fi
+  [[ -n ${1:-} ]] || return 0
+  ours=" $(group_sockets | tr '\n' ' ') "
+  while read -r _ inode; do
+    [[ -z $inode || $ours == *" $inode "* ]] || strangers+=" $inode"
+  done <<<"$found"
+  if [[ -z $found || -n $strangers ]]; then
+    say "port $LLAMA_PORT is not held by the server this script started (pid $1)" >&2
+    return 1
+  fi
+}
+
 wait_empty() { # SECONDS: until the group has no live process
   local deadline=$(($(now_us) + $1 * 1000000))
   while [[ -n "$(members)" ]]; do
@@ -205,6 +261,11 @@ poll_healthy() { # [PID]: until healthy; a PID of ours that exits fails the star
     fi
     sleep 0.2
   done
+  if ! check_owner "$pid"; then
+    [[ -n $pid ]] || exit 1
+    signal_group KILL killing >/dev/null
+    fail_with_log "the server on $BASE is not the one this script started"
+  fi
   say "healthy: ${pid:+pid $pid, }$BASE/v1 ($state)"
 }
 
@@ -212,6 +273,7 @@ start() {
   local state code=0
   state="$(verdict)" || code=$?
   if ((code == 0)); then
+    check_owner || exit 1
     say "already running: $state"
     return 0
   fi
