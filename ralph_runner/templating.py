@@ -40,6 +40,7 @@ import shlex
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import wraps
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,9 +57,11 @@ from jinja2 import (
     meta,
     nodes,
 )
+from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import missing, object_type_repr
 
+from ralph_runner.durable import redaction
 from ralph_runner.errors import FatalError, Problem, key_path
 from ralph_runner.process import execute
 
@@ -71,6 +74,7 @@ _ERROR_OUTPUT_CHARS = 2000  # of a failed pipe lookup's output, in its error mes
 _CACHED_TEMPLATES = 512  # compiled templates kept per Templar (a runbook has tens)
 MAX_RENDERED = 1024 * 1024  # characters of a rendered template: a prompt is under a model context
 _MAX_POWER_BITS = 4096  # `**` beyond this is no port number, only a way to exhaust memory
+_MAX_DEPTH = 32  # of lists and dicts searched for a function
 
 
 class _RawShell(str):
@@ -103,11 +107,31 @@ class _Undefined(ChainableUndefined, StrictUndefined):
 
 
 def _text(value: Any) -> Any:
-    if callable(value) and not isinstance(value, str | Undefined):
-        # `{{ '%s'.format_map }}`: a function where a value belongs would put "<built-in
-        # method ...>" into a command
-        raise TemplateError(f"the template gives a function ({value!r:.60}), not a value")
+    _no_function(value)
     return "" if value is None else value
+
+
+def _no_function(value: Any, depth: int = 0) -> None:
+    """Refuse a function, method or class where a value belongs, in a list or dict too:
+    `{{ [range] }}` would put "<function ...>" into a command."""
+    if callable(value) and not isinstance(value, str | Undefined):
+        raise TemplateError(f"the template gives a function ({value!r:.60}), not a value")
+    if depth < _MAX_DEPTH and isinstance(value, list | tuple | set | frozenset | Mapping):
+        for inner in value.items() if isinstance(value, Mapping) else value:
+            _no_function(inner, depth + 1)
+
+
+def _no_function_in(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter that refuses a function among its values (`range | string`, `[range] |
+    join`); the context, eval context or environment Jinja passes first is skipped."""
+    skip = 1 if hasattr(function, "jinja_pass_arg") else 0
+
+    @wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _no_function((args[skip:], kwargs))
+        return function(*args, **kwargs)
+
+    return checked
 
 
 def _shell_word(value: Any) -> str:
@@ -237,14 +261,39 @@ _TESTS: dict[str, Callable[..., bool]] = {"match": _match, "search": _search}
 # ---- the templar ---------------------------------------------------------------------------
 
 
+class _CodeGenerator(CodeGenerator):
+    """`~` checks its pieces (`'a' ~ range`) before it makes them text."""
+
+    @optimizeconst
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("str_join(environment.no_function((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write(")))")
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, bounded: `'a' * 10**10` or `9 ** 9 ** 9` is an error at its
-    template, not a machine out of memory (Jinja bounds `range` alone)."""
+    template, not a machine out of memory (Jinja bounds `range` alone). A function never
+    becomes text: not by `~`, `%`, `.format()` or a filter, nor inside a list."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%"})
+    code_generator_class = _CodeGenerator
+
+    @staticmethod
+    def no_function(pieces: tuple[Any, ...]) -> tuple[Any, ...]:
+        _no_function(pieces)
+        return pieces
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        formats = super().wrap_str_format(value)
+        return None if formats is None else _no_function_in(formats)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        if operator == "%":
+            _no_function(right)
+        elif operator == "*":
             for sequence, times in ((left, right), (right, left)):
                 sized = isinstance(sequence, str | list | tuple) and isinstance(times, int)
                 if sized and len(sequence) * times > MAX_RENDERED:
@@ -396,6 +445,8 @@ class Templar:
             autoescape=False,
         )
         environment.filters.update(_FILTERS)
+        for name, function in environment.filters.items():
+            environment.filters[name] = _no_function_in(function)
         environment.tests.update(_TESTS)
         environment.globals.update(lookup=self._lookup, query=self._query, q=self._query)
         return environment
@@ -483,7 +534,11 @@ def has_template(text: str) -> bool:
 
 
 def _env(name: str, *, default: str = "") -> str:
-    return os.environ.get(name, default)
+    """`lookup('env', NAME)`; a secret's name (`GITHUB_PAT`) masks its value from now on."""
+    value = os.environ.get(name, default)
+    if name in os.environ and redaction.env_secret_named(name, value):
+        redaction.register(value)
+    return value
 
 
 def _root(node: nodes.Node) -> nodes.Node:

@@ -172,6 +172,48 @@ def test_sandbox_refuses(templar: Templar, template: str) -> None:
     assert variables["item"]["text"] == "fix the parser"
 
 
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ [range] }}",
+        "{{ {'a': lookup} }}",
+        "{{ 'a' ~ range }}",
+        "{{ x ~ [range] }}",
+        "{{ ''.format_map | string }}",
+        "{{ [range] | join }}",
+        "{{ range | pprint }}",
+        "{{ [range] | to_json }}",
+        "{{ '%s' % range }}",
+        "{{ '%s' % (range,) }}",
+        "{{ '{}'.format(range) }}",
+        "{% for f in [range] %}{{ f }}{% endfor %}",
+    ],
+)
+@pytest.mark.parametrize("shell", [False, True])
+def test_a_function_never_becomes_text(templar: Templar, template: str, shell: bool) -> None:
+    """A function in a list, joined by `~`, `%`, `.format()` or made text by a filter rendered
+    as its repr (issue 37): the same error at the template's place as a bare one."""
+    with pytest.raises(FatalError) as caught:
+        templar.render(template, {"x": "x"}, shell=shell, where=WHERE)
+    (problem,) = caught.value.problems
+    assert (problem.file, problem.line, problem.column) == ("runbooks/vllm.yaml", 42, 14)
+    assert problem.message.startswith("the template gives a function ("), problem.message
+    assert problem.message.endswith("), not a value")
+    with pytest.raises(FatalError, match="gives a function"):
+        templar.render_data({"a": "{{ [range] }}"}, {}, where=WHERE)
+
+
+def test_values_still_join_format_and_filter(templar: Templar) -> None:
+    variables = {"x": "x", "items": ["a", "b"]}
+    assert templar.render("{{ 'a' ~ 1 ~ x }}|{{ '%s-%d' % ('a', 2) }}|{{ 10 % 3 }}", variables) == (
+        "a1x|a-2|1"
+    )
+    assert templar.render("{{ '{}'.format(3) }}|{{ items | map('upper') | join }}", variables) == (
+        "3|AB"
+    )
+    assert templar.render("{% for i in range(2) %}{{ loop.index }}{% endfor %}", {}) == "12"
+
+
 def test_runtime_errors_are_fatal_not_tracebacks(templar: Templar) -> None:
     with pytest.raises(FatalError, match="ZeroDivisionError"):
         templar.render("{{ 1 / 0 }}", {})

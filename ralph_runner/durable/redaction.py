@@ -30,6 +30,12 @@ SECRET_NAME = re.compile(r"(?i)(key$|token(?!s)|passw(or)?d|secret|credential)")
 # The words local servers take where a key is required but none is checked (vLLM's docs use
 # EMPTY, Claude Code's recipe none): no secret, and masking them would garble every report.
 PLACEHOLDERS = frozenset({"empty", "none", "null", "dummy", "no-key", "not-needed"})
+# An environment variable named like a secret (`WANDB_API_KEY`, `HF_TOKEN`, `PGPASSWORD`,
+# `GITHUB_PAT`): `PAT` only as a word part, as `PATH` holds it.
+ENV_SECRET_NAME = re.compile(
+    r"(?i)(key|token(?!s)|secret|passw(or)?d|credential|(?<![a-z0-9])pat(?![a-z0-9]))"
+)
+FLAGS = frozenset({"true", "false", "yes", "no", "on", "off"})  # an env switch, no secret
 
 
 def secret_named(name: str, value: object) -> bool:
@@ -40,6 +46,17 @@ def secret_named(name: str, value: object) -> bool:
         and not value.strip().replace(".", "", 1).isdigit()
         and value.strip().lower() not in PLACEHOLDERS
         and SECRET_NAME.search(name) is not None
+    )
+
+
+def env_secret_named(name: str, value: object) -> bool:
+    """An environment variable that holds a secret by its name (`{{ env.WANDB_API_KEY }}`):
+    masked as a runbook variable named so is, a switch (`USE_KEYRING=true`) excepted."""
+    return (
+        secret_named("key", value)  # the value's rules: text, no number, no placeholder
+        and len(str(value)) >= MIN_SECRET_LENGTH
+        and str(value).strip().lower() not in FLAGS
+        and ENV_SECRET_NAME.search(name) is not None
     )
 
 

@@ -30,16 +30,19 @@ start leaves the agent on the direct URL (`running` warns): receipts are no reas
 It listens on 127.0.0.1, where every local user can connect: its URL's path starts with a
 secret of the run's (`/<token>/v1`), and a request without it is refused (403). It forwards to
 its upstream only (the request line's path, never an absolute form or userinfo), takes bodies
-up to MAX_REQUEST with a valid Content-Length, gives a client CLIENT_SILENCE s to send, and an
-upstream UPSTREAM_SILENCE s between bytes.
+up to MAX_REQUEST with a valid Content-Length, gives a client CLIENT_SILENCE s to send its whole
+request (head and body) and MAX_CLIENTS connections at once (503 past them), and an upstream
+UPSTREAM_SILENCE s between bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import json
 import secrets
+import socket
 import threading
 import time
 from collections import deque
@@ -81,6 +84,10 @@ CONNECT_TIMEOUT = 10.0  # s to connect upstream
 # in-flight count) for good. Ten minutes: above any one prefill the hang bound would allow.
 UPSTREAM_SILENCE = 600.0
 CLIENT_SILENCE = 60.0  # s a client may take to send its request, or stall reading our answer
+# Connections served at once, each a thread: loop.workers' agents keep a few each; past it a
+# client gets a 503 at once, not a thread (a local user opening thousands held our memory).
+MAX_CLIENTS = 256
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request body (a prompt, images included)
 TOO_LARGE = f"a request body over {MAX_REQUEST // 2**20} MiB"
 SETTLE = 0.5  # s an iteration's receipt waits for a request still being counted
@@ -99,6 +106,7 @@ class Proxy:
         *,
         client_silence: float = CLIENT_SILENCE,
         upstream_silence: float = UPSTREAM_SILENCE,
+        max_clients: int = MAX_CLIENTS,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -126,7 +134,7 @@ class Proxy:
         self.client_silence = client_silence
         timeout = httpx.Timeout(upstream_silence, connect=CONNECT_TIMEOUT)
         self._client = httpx.Client(timeout=timeout, limits=limits, trust_env=False)
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server = _Server((host, port), _handler(self), max_clients)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="agent-proxy", daemon=True
@@ -261,6 +269,50 @@ class Proxy:
         self._measures.append(Measure(source, counting.first_token - started, tokens, ended))
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, `slots` at most: one more is answered 503 and closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, slots: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(slots)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.setblocking(False)  # never wait on that client: the answer fits
+                request.send(BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Reads(socket.SocketIO):
+    """A connection's reads, all before `deadline` (monotonic) while one is set: the socket's
+    timeout is per read, so a client sending a byte a second held a thread for good."""
+
+    deadline: float | None = None
+
+    def readinto(self, b: Any) -> int | None:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the client's request took too long")
+            self._sock.settimeout(left)  # type: ignore[attr-defined]
+        return super().readinto(b)
+
+
 def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and chunked, as the agents' clients expect
@@ -268,6 +320,20 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
         def setup(self) -> None:
             super().setup()
             self.connection.settimeout(proxy.client_silence)  # a half-sent request, an idle one
+            self.rfile.close()  # unread yet: replaced by one that keeps the deadline
+            self._reads = _Reads(self.connection, "rb")
+            self.rfile = io.BufferedReader(self._reads)
+
+        def handle_one_request(self) -> None:
+            """A request, head and body, within client_silence of its wait's start (an idle
+            keep-alive connection's wait included); the answer's writes as before."""
+            self._reads.deadline = time.monotonic() + proxy.client_silence
+            super().handle_one_request()
+
+        def _read(self) -> None:
+            """The request is in: the deadline no longer runs while the answer is relayed."""
+            self._reads.deadline = None
+            self.connection.settimeout(proxy.client_silence)
 
         def do_GET(self) -> None:
             self._forward()
@@ -280,6 +346,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             found = self._upstream_path()
             body = self._body() if found is not None else None
+            self._read()
             if found is None or body is None:
                 return
             path, label = found

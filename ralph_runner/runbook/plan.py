@@ -36,10 +36,14 @@ class Plan:
 
     def secret_values(self) -> list[str]:
         """What is masked: the values `secrets:` lists and those of variables named like a
-        secret (`*key`, `*token*`, `*password*`, `*secret*`: redaction.secret_named)."""
+        secret (`*key`, `*token*`, `*password*`, `*secret*`: redaction.secret_named), and
+        those of environment variables named so (`WANDB_API_KEY`, `GITHUB_PAT`), read or not."""
         listed = [str(self.variables[n]) for n in self.model.secrets if self.variables.get(n)]
         named = [str(v) for n, v in self.variables.items() if redaction.secret_named(n, v)]
-        return listed + named
+        env = self.variables.get("env")
+        environ = env.items() if isinstance(env, dict) else ()
+        from_env = [str(v) for n, v in environ if redaction.env_secret_named(str(n), v)]
+        return listed + named + from_env
 
     def host_variables(self, host: str) -> dict[str, object]:
         """Variables as seen from `host` (for delegate_to): same runbook vars and -e."""

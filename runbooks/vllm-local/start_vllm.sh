@@ -20,8 +20,9 @@
 #       VLLM_SERVED_MODEL_NAME  the name clients ask for (default: VLLM_MODEL)
 #       VLLM_PYTHON             a python with vLLM installed (default: python3)
 #       VLLM_HOST, VLLM_PORT    where it listens (default: 127.0.0.1, 8000)
-#       VLLM_DIR                its pid file (vllm.pid) and log (vllm.log; the server before it
-#                               logged to vllm.log.1) (default: ~/.local/state/vllm-local-PORT)
+#       VLLM_DIR                its pid file (vllm.pid, its start in vllm.start) and log (vllm.log,
+#                               0600; the server before it logged to vllm.log.1)
+#                               (default: ~/.local/state/vllm-local-PORT)
 #       VLLM_ARGS               more api_server arguments, split on whitespace
 #                               (e.g. "--dtype bfloat16 --max-model-len 8192")
 #       and in seconds: START_TIMEOUT (600, whole), STOP_TIMEOUT (20, whole),
@@ -54,6 +55,7 @@ STOP_TIMEOUT="${STOP_TIMEOUT:-20}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-10}"
 NVIDIA_DEVICES="${NVIDIA_DEVICES:-/dev/nvidia[0-9]*}"
 PID_FILE="$VLLM_DIR/vllm.pid"
+START_FILE="$VLLM_DIR/vllm.start" # the server's start (ticks since boot) and the boot's id
 LOG="$VLLM_DIR/vllm.log"
 BASE="http://$VLLM_HOST:$VLLM_PORT"
 
@@ -121,7 +123,38 @@ running() { # PID: alive and not a zombie (the API server is our child until we 
   state="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ $state != Z* ]]
 }
 
-ours() { # is the group still vLLM's? (a pid file outliving a reboot names someone else)
+started() { # PID: its start, in clock ticks since boot (field 22 of /proc/PID/stat; read past
+  # the command's last ")", as the command may hold spaces and parentheses)
+  local stat fields
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  read -r -a fields <<<"${stat##*) }"
+  echo "${fields[19]}"
+}
+
+boot() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || true; }
+
+ours() { # is the group the one this script started? A pid file outliving a reboot, or its pid
+  # reused, names someone else, maybe with "vllm" in its arguments: the boot and the leader's
+  # start must be the recorded ones (a leader gone leaves its orphans the group's id, which no
+  # new process takes while they live)
+  local pgid recorded booted start
+  pgid="$(cat "$PID_FILE" 2>/dev/null)" || return 1
+  if [[ ! -f $START_FILE ]]; then # a server an earlier version of this script started (no start
+    # file): its leader began before its pid file was written (a pid reused later begins after)
+    local written btime ticks
+    written="$(stat -c %Y "$PID_FILE")" || return 1
+    btime="$(awk '$1 == "btime" {print $2}' /proc/stat)"
+    start="$(started "$pgid")" || return 1
+    ticks="$(getconf CLK_TCK)"
+    ((btime + start / ticks <= written)) || return 1
+    members | grep -qiF vllm
+    return
+  fi
+  read -r recorded booted <"$START_FILE" 2>/dev/null || return 1
+  [[ $booted == "$(boot)" ]] || return 1
+  if start="$(started "$pgid")"; then
+    [[ $start == "$recorded" ]] || return 1
+  fi
   members | grep -qiF vllm
 }
 
@@ -191,7 +224,7 @@ stop_group() {
   pgid="$(cat "$PID_FILE" 2>/dev/null || true)"
   if [[ -z $pgid ]] || ! ours; then
     say "not running"
-    rm -f "$PID_FILE"
+    rm -f "$PID_FILE" "$START_FILE"
     return 0
   fi
   say "stopping process group $pgid (pids $(members | awk '{printf "%s%s", sep, $1; sep=" "}'))"
@@ -202,7 +235,7 @@ stop_group() {
     kill -KILL -- "-$pgid" 2>/dev/null || true
     wait_empty 10 || { say "group $pgid survived SIGKILL" >&2; exit 1; }
   fi
-  rm -f "$PID_FILE"
+  rm -f "$PID_FILE" "$START_FILE"
   say "stopped"
 }
 
@@ -279,9 +312,15 @@ launch() {
   read -r -a args <<<"${VLLM_ARGS:-}"
   mkdir -p "$VLLM_DIR"
   [[ -f $LOG ]] && mv -f "$LOG" "$LOG.1" # the death record reads the log of the server that died
+  [[ -f $LOG.1 ]] && chmod go= "$LOG.1"
   cpu_kv_cache
   say "starting vLLM on $BASE, model $VLLM_MODEL (log: $LOG)"
+  # 0600: the log may hold prompts; vLLM itself keeps the caller's umask (its shared caches)
+  local mask
+  mask="$(umask)"
+  umask 077
   echo "[vllm] $(date -u +%FT%TZ) start_vllm.sh: ${args[*]}" >"$LOG"
+  umask "$mask"
   # setsid: its own session and process group, so the loop's kill of a step's tree leaves it
   # running, and `stop` finds the whole tree by its group. No job control in a script, so the
   # child is no group leader and setsid execs in place: $! is the API server, the group's id.
@@ -290,6 +329,7 @@ launch() {
     --served-model-name "${VLLM_SERVED_MODEL_NAME:-$VLLM_MODEL}" "${args[@]}" \
     </dev/null >>"$LOG" 2>&1 &
   echo "$!" >"$PID_FILE"
+  echo "$(started "$!" || echo -) $(boot)" >"$START_FILE"
 }
 
 poll_healthy() {

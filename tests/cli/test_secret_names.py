@@ -84,3 +84,61 @@ def test_a_placeholder_key_is_no_secret() -> None:
         assert not secret_named("api_key", placeholder), placeholder
     assert secret_named("api_key", "s3cr3tvalue")
     assert secret_named("hf_token", "hf_notaplaceholder")
+
+
+ENV_KEY = "envk3y-from-the-environment"  # named WANDB_API_KEY: masked
+ENV_PAT = "envp4t-from-the-environment"  # GITHUB_PAT, read through lookup('env'): masked
+PLAIN = "plain-setting-value"  # RALPH_PLAIN_SETTING: no secret's name, shown
+
+
+def test_a_value_read_from_a_secret_named_environment_variable_is_masked(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`{{ env.WANDB_API_KEY }}` and `lookup('env', 'GITHUB_PAT')` printed in clear (issue 37):
+    echoed by a step and a death's collector, in a -v run with a death, neither is anywhere."""
+    from e2e_helpers import AGENT_STEP
+
+    monkeypatch.setenv("WANDB_API_KEY", ENV_KEY)
+    monkeypatch.setenv("GITHUB_PAT", ENV_PAT)
+    monkeypatch.setenv("RALPH_PLAIN_SETTING", PLAIN)
+    scenario.prepare(["one item"])
+    document = runbook()
+    echo = (
+        "echo {} {{{{ env.WANDB_API_KEY }}}} {{{{ lookup('env', 'GITHUB_PAT') }}}}"
+        " {{{{ env.RALPH_PLAIN_SETTING }}}}"
+    )
+    document["loop"]["steps"].insert(1, {"name": "env step", "shell": echo.format("step")})
+    document["diagnostics"]["collect"].append({"name": "env", "shell": echo.format("collector")})
+    scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    command = [sys.executable, "-m", "ralph_runner", str(scenario.runbook_path), "-v"]
+    run = RalphRun([*command, "-e", json.dumps(scenario.facts)], scenario.workspace)
+    scenario.runs.append(run)
+    run.wait_status(
+        lambda s: s.get("phase") == AGENT_STEP and s.get("status") == "running", "agent step"
+    )
+    scenario.standin.trigger(die=True)
+    assert run.wait(60) == 0, run.stderr
+    streams = {"run -v": "\n".join(run.noise) + run.stderr}
+    streams["status"] = scenario.command("status", "--json", str(scenario.workspace))
+    files = {
+        str(path.relative_to(scenario.workspace)): path.read_text("utf-8", errors="replace")
+        for path in sorted(scenario.workspace.rglob("*"))
+        if path.is_file() and ".git" not in path.parts and path.name not in INPUTS
+    }
+    assert {".ralph/state.json", ".ralph/status.json", "logs/deaths.log"} <= set(files)
+    everything = {**{f"stream {k}": v for k, v in streams.items()}, **files}
+    leaks = [name for name, text in everything.items() if ENV_KEY in text or ENV_PAT in text]
+    assert not leaks, {name: everything[name][-2000:] for name in leaks}
+    assert f"step **** **** {PLAIN}" in streams["run -v"]
+    assert f"collector **** **** {PLAIN}" in files["logs/deaths.log"]
+
+
+def test_environment_names_that_look_secret() -> None:
+    from ralph_runner.durable.redaction import env_secret_named
+
+    for name in ("WANDB_API_KEY", "HF_TOKEN", "GITHUB_PAT", "PGPASSWORD", "AWS_SECRET", "PAT"):
+        assert env_secret_named(name, "s3cr3tvalue"), name
+    for name in ("HOME", "PATH", "MAX_TOKENS", "PATTERN"):
+        assert not env_secret_named(name, "s3cr3tvalue"), name
+    assert not env_secret_named("OPENAI_API_KEY", "EMPTY")  # vLLM's placeholder
+    assert not env_secret_named("USE_KEYRING", "true")  # a switch

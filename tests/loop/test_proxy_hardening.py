@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -157,3 +158,38 @@ def test_a_silent_upstream_is_cut_and_the_in_flight_count_comes_back(proxy):
     wait_for(lambda: proxy.in_flight() == 0, 10, "the silent upstream's request to be cut")
     assert time.monotonic() - started < 1.5 + 2
     assert proxy.totals().errors == 1
+
+
+def test_a_trickling_client_is_dropped_at_the_whole_request_s_deadline(proxy):
+    """A byte every 0.4 s, under the 1 s silence each: the read was per byte, so the thread was
+    held for good (issue 37); the whole request has client_silence now."""
+    head = f"POST {secret(proxy)}/v1/chat/completions HTTP/1.1\r\nContent-Length: 999\r\n"
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            for byte in head.encode() + b"x" * 40:
+                sock.sendall(bytes([byte]))
+                readable, _, _ = select.select([sock], [], [], 0.4)
+                if readable and sock.recv(1024) == b"":
+                    break  # the proxy closed it
+                if time.monotonic() - started > 8:
+                    break
+        dropped = time.monotonic() - started
+    assert dropped < proxy.client_silence + 2, dropped
+
+
+def test_connections_past_the_cap_get_a_503_at_once(upstream):
+    port = upstream.server_address[1]
+    with Proxy(f"http://127.0.0.1:{port}/v1", client_silence=5.0, max_clients=3) as proxy:
+        idle = [socket.create_connection(("127.0.0.1", proxy.port), timeout=5) for _ in range(3)]
+        try:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as extra:
+                answer = extra.recv(1024)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert time.monotonic() - started < 2
+        finally:
+            for sock in idle:
+                sock.close()
+        line = f"GET {secret(proxy)}/v1/models HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
+        wait_for(lambda: status(raw(proxy, line)) == 200, 5, "a slot freed by a closed client")

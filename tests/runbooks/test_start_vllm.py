@@ -10,6 +10,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,3 +257,54 @@ def test_a_chosen_kv_cache_or_a_gpu_is_left_alone(
     out = script.ok()
     assert "is unset" not in out
     assert served_kv_cache_space(script) == chosen.get("VLLM_CPU_KVCACHE_SPACE", "unset")
+
+
+@pytest.mark.parametrize("recorded", [None, "12345"])
+def test_a_stale_pid_file_never_claims_another_process_with_vllm_in_its_args(
+    script: Script, recorded: str | None
+) -> None:
+    """The pid file names a live group that is not the server (a pid reused after a crash or
+    a reboot), with "vllm" in its arguments: `ours()` took it, and stop killed it (issue 37).
+    Now its start must be the recorded one: it is left alone, with no start file or another."""
+    impostor = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "vllm.entrypoints.openai"],
+        start_new_session=True,
+    )
+    try:
+        script.dir.mkdir(parents=True)
+        (script.dir / "vllm.pid").write_text(f"{impostor.pid}\n")
+        written = time.time() - 3600  # the pid file of a server an hour gone: its pid reused
+        os.utime(script.dir / "vllm.pid", (written, written))
+        if recorded is not None:
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            (script.dir / "vllm.start").write_text(f"{recorded} {boot}\n")
+        assert script.run("status").returncode == 3
+        assert "not running" in script.ok("stop")
+        assert impostor.poll() is None, "the stale pid file's process was killed"
+        out = script.ok()
+        assert "healthy: pid" in out and "stopping process group" not in out, out
+        assert impostor.poll() is None and script.pgid != impostor.pid
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+def test_the_log_is_private_and_a_started_server_is_still_ours(script: Script) -> None:
+    """vllm.log may hold prompts: 0600, whatever the caller's umask (was 0644 under 022)."""
+    script.ok()
+    assert (script.dir / "vllm.log").stat().st_mode & 0o777 == 0o600
+    first = script.pgid
+    script.ok("restart")  # the old one is still known as ours: stopped, its log rotated
+    assert script.pgid != first and first is not None and not group(first)
+    assert (script.dir / "vllm.log.1").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_server_an_earlier_version_started_is_still_stopped(script: Script) -> None:
+    """A server started before the start file existed (no vllm.start, as after an upgrade) is
+    still ours: its leader began before its pid file was written, so `stop` stops its group
+    (without this, the first recovery after an upgrade found its port taken)."""
+    script.ok()
+    first = script.pgid
+    (script.dir / "vllm.start").unlink()
+    out = script.ok("stop")
+    assert "stopping process group" in out and first is not None and not group(first), out
