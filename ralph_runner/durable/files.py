@@ -64,11 +64,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True, follow: bool 
             try:
                 with contextlib.suppress(FileNotFoundError):
                     os.fchmod(fd, os.stat(target).st_mode & 0o7777)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if durable:
-                    os.fsync(fd)
+                write_all(fd, data, durable)
             finally:
                 os.close(fd)
             os.replace(temp, target)
@@ -199,11 +195,7 @@ def replace_own_file(path: Path, data: bytes, mode: int = 0o666, *, durable: boo
     fd = os.open(temp, flags, mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
+            write_all(fd, data, durable)
         finally:
             os.close(fd)
         os.replace(temp, target)
@@ -214,3 +206,12 @@ def replace_own_file(path: Path, data: bytes, mode: int = 0o666, *, durable: boo
     if durable:
         with contextlib.suppress(OSError):
             fsync_directory(target.parent)
+
+
+def write_all(fd: int, data: bytes, durable: bool) -> None:
+    """All of `data` to `fd` (a write may take less), then fsync'd when `durable`."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if durable:
+        os.fsync(fd)
