@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 from llamacpp_helpers import (
+    INTERVAL,
     LOAD_MARGIN,
     SERVED_NAME,
     STALL_BOUND,
+    TIMEOUT,
     Loop,
     Server,
     agent_command,
@@ -35,7 +37,8 @@ DEFAULT_BATCHES = "--ctx-size 32768 --parallel 1 --threads 2"  # llama.cpp's own
 
 def whole_call(path: Path, prompt: str, max_tokens: int) -> str:
     """A completion through the loop's proxy, answered whole; a cut by --max-time is done."""
-    path.write_text(json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens}))
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    path.write_text(json.dumps(body))
     curl = ["curl", "-sS", "-f", "--max-time", "300", "-o", "/dev/null"]
     curl += ["-H", "content-type: application/json", "-d", f"@{path}"]
     return f'{{ {shlex.join(curl)} "$RALPH_BASE_URL/completions" || [ $? = 28 ]; }}'
@@ -48,7 +51,11 @@ def stopped_then_found(loop: Loop, server: Server, flag: Path | None = None) -> 
     stopped = time.monotonic()
     if flag is not None:
         flag.touch()
-    loop.run.wait_event("death", timeout=STALL_BOUND + 150)
+    try:
+        loop.run.wait_event("death", timeout=STALL_BOUND + 150)
+    except AssertionError:  # no death: the server goes on, stopped no more, for the next test
+        os.kill(before, signal.SIGCONT)
+        raise
     return time.monotonic() - stopped
 
 
@@ -63,7 +70,9 @@ def test_a_stop_just_before_the_first_whole_request_is_found_within_the_bound(
     healthy_server: Server, tmp_path: Path
 ) -> None:
     """llama-server stopped while idle; the run's first agent request, not streamed, follows a
-    moment later: found within the documented bound (17 s)."""
+    moment later: found within the documented bound (17 s), and one round (a watch round whose
+    /metrics timed out before the request was sent is a plain `timeout`, its confirming round
+    then sees the request: docs/engines.md)."""
     flag = tmp_path / "go"
     call = whole_call(tmp_path / "body.json", "word " * 2000, 20)
     wait = f"until [ -e {shlex.quote(str(flag))} ]; do sleep 0.05; done"
@@ -72,7 +81,7 @@ def test_a_stop_just_before_the_first_whole_request_is_found_within_the_bound(
     loop.run.wait_agent(1, timeout=120)
     found = stopped_then_found(loop, healthy_server, flag)
     print(f"\nllama-server stopped before a whole request: found after {found:.2f} s")
-    assert found <= STALL_BOUND + LOAD_MARGIN, f"found after {found:.2f} s"
+    assert found <= STALL_BOUND + TIMEOUT + INTERVAL + LOAD_MARGIN, f"found after {found:.2f} s"
     finished_recovered(loop)
 
 
@@ -82,11 +91,14 @@ def test_a_stop_2_s_into_the_first_whole_call_is_found_within_the_bound(
     """The run's first agent call, a non-streamed 20,000-token generation, and llama-server
     stopped 2 s into it: found within the documented bound (17 s), not at the ceiling."""
     call = whole_call(tmp_path / "body.json", "think", 20000)
+    once = shlex.quote(str(tmp_path / "called"))  # the retry after the death skips the long call
+    call = f"if [ ! -e {once} ]; then touch {once}; {call}; fi"
     agent = f"{call} && {agent_command(healthy_server, None, tmp_path / 'calls')}"
     loop = Loop(tmp_path, healthy_server, ["whole call"], agent)
     loop.run.wait_agent(1, timeout=120)
     wait_until(healthy_server.processing, 60, "the call to hold the slot", every=0.1)
     time.sleep(2)  # the issue's case: 2 s into the generation
+    assert healthy_server.processing(), "the call ended before the stop"
     found = stopped_then_found(loop, healthy_server)
     print(f"\nllama-server stopped 2 s into a whole call: found after {found:.2f} s")
     assert found <= STALL_BOUND + LOAD_MARGIN, f"found after {found:.2f} s"
