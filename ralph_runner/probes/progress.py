@@ -18,29 +18,20 @@ grows with each chunk of a long prefill while no token counter moves until it en
 
 The hang bound is learned (docs: hangs, "The hang bound"): `margin` x the slowest engine step
 seen in the last LEARN_WINDOW s (the longest time work was seen waiting with nothing moving
-before something moved again), within [`floor`, `ceiling`]. A prompt's first step is the one
-step that comes before anything of it could be measured: until the engine has stepped twice
-since the loop's newest request was sent, and since the engine last took a request from its
-queue (once may be the step it came during; a request queued behind another's generation
-starts its first step only when it is taken), B also covers what that request should take to
-its first token at the pace the loop's earlier requests showed (the agent proxy tells:
-`ctx.traffic`; a pace never measured gets the ceiling); and while requests are queued, one of
-them may be the loop's, its first step still ahead. vLLM publishes its gauges when an engine
-step ends, so during the first step of a prompt on an idle engine they say idle: the loop's own
-awaiting request is what shows that work is under way.
+before something moved again), within [`floor`, `ceiling`]. A prompt's first step comes before
+anything of it can be measured (vLLM's gauges say idle during it): until the engine has stepped
+twice since the loop's request was sent (steps counted by the engine, or seen by two checks),
+and while requests are queued, B also covers that request's tokens x a pace measured
+(plugins/first_token.py: the engine's histograms, the loop's requests, a calibration; none:
+the ceiling).
 `stall_after: N` is the same rule with floor = ceiling = N (a fixed bound).
 
-Each check also notes which server answered: a new `process_start_time_seconds`, or counters
-that went back, mean the server was restarted since the last check (by another loop, a restart
-policy, systemd, a person). `restarts` in the probe's memory counts them, so that the loop can
-tell a failed agent call that a restart cut from a failure of the agent's own.
-
-The probe's memory (`Memory`, in `ctx.state`, owned by the probe's worker, one check at a time):
-the last numbers, the steps learned (`pace`), the bound of the last check (`bound`), and since
-when work has waited without progress (None when idle): the later of the last progress seen and
-the first check that saw the work (or our unanswered canary sent, or the loop's own request
-sent). A hang at time H is thus timed from H + one check period at the latest. A failed verdict
-says what it found (`finding`): work stalled, an idle engine unanswered, or an engine asleep.
+Each check notes which server answered: a new `process_start_time_seconds`, or counters that
+went back, is a restart (`restarts`), so that the loop can tell a call a restart cut from the
+agent's own failure. The memory (`Memory`, in `ctx.state`, owned by the probe's worker) holds
+the last numbers, the steps learned, the last bound, and since when work has waited without
+progress (None when idle), so a hang at H is timed from H + one check period at the latest. A
+failed verdict says what it found (`finding`): work stalled, idle unanswered, or asleep.
 """
 
 from __future__ import annotations
