@@ -233,7 +233,7 @@ class IterationEnded(Event):
     limit: LimitFacts | None = field(default=None, metadata=IF_NONE)
 
 
-# -- workers (loop.workers > 1, loop/workers.py) ---------------------------------------------------
+# -- workers (loop.workers > 1, loop/landing.py) ---------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -243,9 +243,14 @@ class RalphRun:
         return wait_for(holds, timeout, what)
 
     def wait_agent(self, iteration: int, timeout: float = 20) -> dict[str, Any]:
-        """Waits until the agent step of `iteration` or a later one runs; the status then."""
+        """Waits until the agent step of `iteration` or a later one runs (the run's phase, or
+        one worker's with `loop.workers` > 1); the status then."""
+
+        def phases(s: dict[str, Any]) -> list[str | None]:
+            return [s.get("phase"), *(w.get("phase") for w in s.get("workers") or [])]
+
         return self.wait_status(
-            lambda s: s.get("iteration", 0) >= iteration and s.get("phase") == AGENT_STEP,
+            lambda s: s.get("iteration", 0) >= iteration and AGENT_STEP in phases(s),
             f"the agent step of iteration {iteration}",
             timeout,
         )

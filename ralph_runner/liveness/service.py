@@ -54,6 +54,27 @@ class ServiceState(Protocol):
     last_start: LastStart | None
 
 
+class DeathControl(Protocol):
+    """What the loop must do at a death, called by the service itself: a follower of the run's
+    events that raises is dropped, and a control path must not be droppable."""
+
+    def dying(self) -> None:
+        """Said, not yet captured: stop the work in flight, start none until it is recovered."""
+
+    def signed(self, death: int, signature: str | None) -> None:
+        """Recorded, with its signature (a KV-cache pressure death sheds a worker)."""
+
+
+class NoControl:
+    """A service outside a loop (`ralph-run probe`, a fleet's check): nothing to stop."""
+
+    def dying(self) -> None:
+        pass
+
+    def signed(self, death: int, signature: str | None) -> None:
+        pass
+
+
 class Service:
     """The watched service of one plan: one Health, one death log, the run's state, and the
     run's records (`session`: what a death record gets from the recorder, its signature)."""
@@ -72,6 +93,7 @@ class Service:
         self.plan, self.health, self.death_log = plan, health, death_log
         self.state, self.save, self.stop, self.emit = state, save, stop, emit
         self.session = session
+        self.control: DeathControl = NoControl()  # the loop's scheduler, once it has one
         self.config = plan.model.recovery
         self.checked = False  # has this run checked the service yet?
         self.owners_unknown = False  # said once: the ports' owners cannot be looked up here
@@ -168,6 +190,7 @@ class Service:
         }
         self.save()
         self.emit(events.Death(death=number, phase=phase, reason=evidence, fault=fault_class))
+        self.control.dying()
         death = recovery.death_of(number, phase, iso_time(now), results, fault_class)
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
@@ -203,6 +226,7 @@ class Service:
         record.update(self.session.at_death(record))  # recorder window, signature
         unwritten = self.death_log.write_death(record)
         self.signatures.append(str(record.get("signature") or "unknown"))
+        self.control.signed(number, record.get("signature"))
         self.emit(
             events.Report(
                 death=number,

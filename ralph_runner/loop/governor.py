@@ -24,8 +24,9 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -119,28 +120,24 @@ class Policy:
         return decision
 
 
-class Pool(Protocol):
-    """What the governor needs of the workers' pool (loop/workers.Pool)."""
-
-    def in_flight(self) -> int: ...
-    def admit(self, workers: int) -> None: ...
-
-
 class Governor:
-    """The governor's thread: looks every `every` s and tells the pool; follows the bus for
-    deaths (a KV-pressure signature sheds one)."""
+    """The governor's thread: looks every `every` s and tells the scheduler (`in_flight`,
+    `admit`); a death whose signature points at KV-cache pressure sheds one (`death_signed`,
+    the scheduler's call)."""
 
     def __init__(
         self,
         settings: Settings,
         url: str,
         max_workers: int,
-        pool: Pool,
+        in_flight: Callable[[], int],
+        admit: Callable[[int], None],
         bus: EventBus,
         client: httpx.Client,
     ) -> None:
         """`client`: the health checks' (their TLS settings, their kept-alive connection)."""
-        self.settings, self.url, self.pool, self.bus = settings, url, pool, bus
+        self.settings, self.url, self.bus = settings, url, bus
+        self.in_flight, self.admit = in_flight, admit
         self._client = client
         self.policy = Policy(max_workers, settings.kv_cache_max, settings.settle)
         self.reason = "the first worker: the server's headroom is not known yet"
@@ -164,11 +161,11 @@ class Governor:
             "changed": self.changed,
         }
 
-    def on_event(self, event: events.Event) -> None:
+    def death_signed(self, death: int, signature: str | None) -> None:
         """A death's signature that points at KV-cache pressure sheds one at the next look
         (decided on the governor's thread: the console says the death first)."""
-        if isinstance(event, events.Report) and KV_PRESSURE.search(event.signature or ""):
-            self._death = f"death {event.death}'s signature points at KV-cache pressure"
+        if KV_PRESSURE.search(signature or ""):
+            self._death = f"death {death}'s signature points at KV-cache pressure"
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.every):
@@ -176,13 +173,13 @@ class Governor:
                 self._death = None
                 self._tell(self.policy.shed(time.monotonic(), death))
             if (look := self._look()) is not None:
-                self._tell(self.policy.look(look, self.pool.in_flight()))
+                self._tell(self.policy.look(look, self.in_flight()))
 
     def _tell(self, decision: Decision | None) -> None:
         if decision is None:
             return
         self.reason, self.changed = decision.reason, time.time()
-        self.pool.admit(decision.workers)
+        self.admit(decision.workers)
         self.bus.emit(
             events.Governed(
                 workers=decision.workers,

@@ -1,59 +1,152 @@
 """One iteration of the loop: one checklist item's attempt, from its variables to its outcome.
 
-The run-wide `Runner` (runner.py) picks the item, runs the steps and looks after the service;
-an `Iteration` keeps what belongs to the attempt alone (the work tree when it began and when
-verify looked at it, its failed step, its process steps' output and time) and settles it by the
-loop's rules: done; retried with no strike (the service died during it); waited out (the
-agent's usage limit); a strike, and at `strikes` a skip; or the end of the run when the agent
-fails the same way on two items (AgentBroken). Whatever ends it says so once, with
-`IterationEnded`: the outcome the iteration history writes.
+The scheduler (scheduler.py) picks the item, the attempt's steps run in steps.py; an `Iteration`
+keeps what belongs to the attempt alone (the work tree when it began and when verify looked at
+it, its failed step, its process steps' output and time) and settles it by the loop's rules,
+all of them here, whether one worker or many: done (its work landed: `landing`, in place or a
+worktree's fast-forward); a landing that conflicted, retried; retried with no strike (the
+service died during it); a usage limit (the run holds until its reset: `hold`); deferred with
+no strike (an earlier item was unsettled when it started); a strike, and at `strikes` a skip;
+or the end of the run when the agent fails the same way on two items (AgentBroken). Whatever
+ends it says so once, with `IterationEnded`: the outcome the iteration history writes.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ralph_runner import events
 from ralph_runner.actions import UNWATCHED, TaskResult
 from ralph_runner.deaths.record import ItemEntry, StepEntry
-from ralph_runner.errors import AgentBroken, ExitCode, GaveUp, Interrupted, Limited
-from ralph_runner.loop import failures, limits, pause
+from ralph_runner.errors import AgentBroken as AgentBrokenError
+from ralph_runner.errors import ExitCode, GaveUp, Interrupted
+from ralph_runner.errors import Limited as LimitedError
+from ralph_runner.loop import failures, limits
 from ralph_runner.loop.failures import Failure
-from ralph_runner.workspace import checklist, git
+from ralph_runner.process import output_text
+from ralph_runner.workspace import checklist, git, worktrees
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
-    from ralph_runner.loop.state import State
-    from ralph_runner.output import EventBus
+    from ralph_runner.loop.context import RunContext
+    from ralph_runner.loop.limit_hold import Hold
     from ralph_runner.runbook.loader import TaskSpec
-    from ralph_runner.runbook.plan import Plan
 
 
-class Run(Protocol):
-    """What an iteration needs of the run it belongs to (runner.Runner)."""
+# the run's service check (steps.Work.ensure_service): healthy, or recovered, or GaveUp
+ServiceCheck = Callable[["Attempt | None", str, "dict[str, object] | None"], None]
 
-    plan: Plan
-    bus: EventBus
-    state: State
-    stop: threading.Event
-    redactor: Redactor
+
+@dataclass(eq=False)
+class Attempt:
+    """Worker `worker`'s attempt at `item`, in `workdir` (the run's, or its worktree's): where
+    it works and what it does now. The one worker of `loop.workers: 1` works in place (`alone`:
+    the run's state follows its item and phase, its events name no worker). It is also what the
+    loop's own actions see of the loop (actions.LoopRuntime: verify, ensure_alive)."""
+
+    run: RunContext
+    check_service: ServiceCheck  # the run's one `ensure_service` (steps.py)
+    worker: int
+    alone: bool  # the run's one worker, in place
+    item: checklist.Item
+    strikable: bool  # every earlier item was settled when it started
+    workdir: Path
     checklist_path: Path
-    in_repo: bool
-    limited_since: float | None  # the first of the limited attempts in a row
+    tree: worktrees.Tree | None = None
+    phase: str | None = "starting"
+    iteration: Iteration | None = None
+    agent_step: str | None = None  # the process step running now: what --now and a death kill
+    step_cancel: threading.Event | None = None  # the running step's cancel
+    paused: bool = False  # `pause --now` killed its step: no outcome, the item comes again
+    killed: threading.Event = field(default_factory=threading.Event)  # the run is stopping
+    thread: threading.Thread | None = None
+    lines: output_text.Lines = field(default_factory=output_text.Lines)  # `-v`'s lines
 
-    def save(self, status_only: bool = False) -> None: ...
-    def forget_counts(self) -> None: ...
-    def snapshot(self) -> git.Snapshot | None: ...
+    @property
+    def label(self) -> int | None:
+        """The worker's number in its events; None for the one worker (as it always was)."""
+        return None if self.alone else self.worker
+
+    def at(self, phase: str | None) -> None:
+        """What it does now, for status.json: the run's phase too when it is the only one."""
+        self.phase = phase
+        if self.alone:
+            self.run.state.phase = phase
+
+    def kill_step(self) -> None:
+        """Cancel its running process step (a death, `pause --now`, the run's stop)."""
+        cancel = self.step_cancel
+        if cancel is not None and self.agent_step is not None:
+            cancel.set()
+
+    # -- actions.LoopRuntime: what verify and ensure_alive see of the loop ------------------
+    @property
+    def item_in_hand(self) -> str | None:
+        return self.item.text
+
+    @property
+    def before(self) -> git.Snapshot | None:
+        return self.iteration.before if self.iteration else None
+
+    def look_at_tree(self) -> git.Snapshot | None:
+        if self.iteration is None:
+            return self.run.snapshot(self.workdir)
+        return self.iteration.look_at_tree()
+
+    def ensure_alive(self, phase: str, context: dict[str, object]) -> TaskResult:
+        started = time.monotonic()
+        self.check_service(self, phase, context)
+        return TaskResult(ok=True, seconds=time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class Landed:
+    """How a landing went: "done"; a "conflict" to retry from scratch; a "failed" one (it
+    conflicted more than CONFLICT_RETRIES times), with why and git's last words."""
+
+    outcome: Literal["done", "conflict", "failed"]
+    reason: str = ""
+    tail: str = ""
+
+
+DONE = Landed("done")
+
+
+class Landing(Protocol):
+    """Where an attempt works and how its work lands (landing.py): in place, or worktrees."""
+
+    alone: bool  # the run's one worker, in place
+    lock: threading.Lock  # held by a landing, a skip's commit, a new worktree
+
+    def prepare(self, attempt: Attempt) -> git.Snapshot | None: ...
+    def variables(self, attempt: Attempt) -> dict[str, object]: ...
+    def began(self, attempt: Attempt) -> None: ...
+    def land(self, attempt: Attempt, it: Iteration) -> Landed: ...
+    def retried(self, attempt: Attempt, reason: str, waits: bool) -> None: ...
+    def ended(self, attempt: Attempt, it: Iteration) -> None: ...
+    def release(self, attempt: Attempt) -> None: ...
+    def clean(self) -> list[str]: ...
 
 
 class Iteration:
-    """One attempt at `item`; `before` is the work tree when it began (None: no repository)."""
+    """One attempt at its item; `before` is the work tree when it began (None: no repository)."""
 
-    def __init__(self, run: Run, item: checklist.Item, before: git.Snapshot | None) -> None:
-        self.run, self.item, self.before = run, item, before
+    def __init__(
+        self,
+        run: RunContext,
+        attempt: Attempt,
+        before: git.Snapshot | None,
+        landing: Landing,
+        hold: Hold,
+    ) -> None:
+        item = attempt.item
+        self.run, self.attempt, self.item, self.before = run, attempt, item, before
+        self.landing, self.hold = landing, hold
         self.number = run.state.iteration
         self.deaths_before = run.state.deaths
         self.variables: dict[str, object] = {}  # what its steps' templates see
@@ -73,7 +166,7 @@ class Iteration:
         self.failed_step: StepEntry | None = None  # its failed (or killed) step
         self.outputs: list[str] = []  # its process steps' output, for limits.py
         self.agent_seconds = 0.0  # its process steps' time
-        self.ended = False  # it said how it ended (IterationEnded)
+        self.outcome: events.Outcome | None = None  # how it ended, once said (IterationEnded)
 
     # -- its variables and its steps -------------------------------------------------------
     def render(self, counts: checklist.Counts, extra: dict[str, object]) -> dict[str, object]:
@@ -128,7 +221,7 @@ class Iteration:
 
     def look_at_tree(self) -> git.Snapshot | None:
         """The work tree now, for verify; what the next iteration starts from."""
-        self.after = self.run.snapshot()
+        self.after = self.run.snapshot(self.attempt.workdir)
         return self.after
 
     def died(self) -> bool:
@@ -145,20 +238,39 @@ class Iteration:
     def settle(self) -> None:
         """The outcome by the loop's rules (see the module's text); the state saved."""
         run, st, item, failed = self.run, self.run.state, self.item, self.failed_step
+        attempt, landing = self.attempt, self.landing
         if failed is None:
-            run.limited_since = None
-            st.strikes.pop(item.text, None)
-            st.last_failure, st.streak_skipped = None, []
-            run.bus.emit(events.Done(item=item.text))
-            self.end("done")
+            landed = landing.land(attempt, self)
+            if landed.outcome == "done":
+                with run.lock:
+                    self.hold.since = None
+                    st.strikes.pop(item.text, None)
+                    st.last_failure, st.streak_skipped = None, []  # the agent works
+                    run.counts.forget()
+                run.bus.emit(events.Done(item=item.text))
+                self.end("done")
+            elif landed.outcome == "conflict":
+                self.end("conflict", reason=landed.reason)
+            else:
+                self._strike(landed.reason, landed.tail)
         elif self.died():
             run.bus.emit(events.Retry(item=item.text, reason=failed["reason"]))
+            landing.retried(attempt, "the service died", waits=False)
             self.end("death", reason=failed["reason"])
-        elif self._waited_out():
-            pass  # a usage limit: no strike, no broken agent; the item comes again
+        elif (wait := self.limited()) is not None:  # LimitedError beyond limits.max_wait
+            self.hold.extend(item.text, wait)  # no strike: the run holds until the reset
+        elif not attempt.strikable:
+            reason = "an earlier item was in flight or unlanded when it started"
+            landing.retried(attempt, reason, waits=True)
+            self.end("deferred", reason=failed["reason"])
         else:
-            self._strike(failed)
-        st.current_item = None
+            failure = self.failure(failed)
+            self.charge(failure)  # the broken-agent rule: AgentBrokenError ends the run
+            self._strike(failure.reason, failure.output_tail)
+        with run.lock:
+            if attempt.alone and self.outcome != "limited":  # a limit's item is held, in hand
+                st.current_item = None
+        landing.ended(attempt, self)
         run.save()
 
     def end(
@@ -170,9 +282,9 @@ class Iteration:
         limit: events.LimitFacts | None = None,
     ) -> None:
         """Say how it ended, once: the history's line, and --json's."""
-        if self.ended:
+        if self.outcome is not None:
             return
-        self.ended = True
+        self.outcome = outcome
         ended = events.IterationEnded(
             iteration=self.number,
             item=self.item.text,
@@ -184,44 +296,38 @@ class Iteration:
         self.run.bus.emit(ended)
 
     def cut_short(self, exc: BaseException) -> None:
-        """The run ends inside it (or `pause --now` stops it): say how, unless it said already."""
-        if isinstance(exc, pause.PausedNow):
-            self.end("paused")  # no outcome counted: the item comes again after `resume`
-        elif isinstance(exc, GaveUp):
+        """The run ends inside it: say how, unless it said already."""
+        if isinstance(exc, GaveUp):
             self.end("gave-up")
         elif isinstance(exc, Interrupted):
             self.end("interrupted")
         else:
             self.end("failed")
 
-    def _strike(self, failed: StepEntry) -> None:
+    def _strike(self, reason: str, tail: str) -> None:
+        """A strike for its item, and at `checklist.strikes` a skip (`- [~]`, committed)."""
         run, st, item = self.run, self.run.state, self.item
-        failure = self.failure(failed)
-        self.charge(failure)
-        strikes = st.strikes.get(item.text, 0) + 1
-        st.strikes[item.text] = strikes
-        most = run.plan.model.checklist.strikes
-        run.bus.emit(
-            events.Strike(
-                item=item.text,
-                strikes=strikes,
-                of=most,
-                reason=failure.reason,
-                output_tail=failure.output_tail,
-            )
-        )
+        with run.lock:
+            strikes = st.strikes[item.text] = st.strikes.get(item.text, 0) + 1
+        most = run.model.checklist.strikes
+        run.bus.emit(events.Strike(item=item.text, strikes=strikes, of=most,
+                                   reason=reason, output_tail=tail))  # fmt: skip
         outcome: events.Outcome = "strike"
         if strikes >= most:
-            self._skip(strikes)
-            st.streak_skipped.append(item.text)
+            with self.landing.lock, run.lock:  # no landing moves the head meanwhile
+                self.head_moved = mark_skipped(run, item, strikes)
+                st.strikes.pop(item.text, None)
+            run.bus.emit(events.Skip(item=item.text, strikes=strikes))
+            with run.lock:
+                st.streak_skipped.append(item.text)  # AgentBroken names the items skipped
             outcome = "skipped"
-        self.end(outcome, reason=failure.reason, strikes=strikes)
+        self.end(outcome, reason=reason, strikes=strikes)
 
     def failure(self, failed: StepEntry) -> Failure:
         """The attempt as the broken-agent rule compares it (see failures.py)."""
         untouched = False
         if self.agent_seconds < failures.AT_ONCE_SECONDS and self.before is not None:
-            untouched = (self.after or self.run.snapshot()) == self.before
+            untouched = (self.after or self.run.snapshot(self.attempt.workdir)) == self.before
         signatures = failures.signatures(
             failed["name"],
             failed["status"],
@@ -250,39 +356,22 @@ class Iteration:
             st.streak_skipped = []
         st.last_failure = failure.as_dict()
 
-    def _waited_out(self) -> bool:
-        """A failed attempt whose agent said "usage limit" (limits.py) is no strike and no
-        failure for the broken-agent rule: wait for the reset (plus the margin) and retry the
-        item, or stop (Limited, limits.exit_code) when it is further than limits.max_wait."""
-        wait = self.limited()
-        if wait is None:
-            return False
-        run, item, st = self.run, self.item, self.run.state
-
-        def countdown(left: float) -> None:
-            until = limits.when(wait.until)
-            run.bus.emit(events.LimitedWait(item=item.text, seconds=left, until=until))
-
-        try:
-            limits.wait_out(wait.until, run.stop, countdown)
-        finally:
-            st.limited = None
-        return True
-
     def limited(self) -> limits.Wait | None:
-        """A usage limit in its output, said (`limited`, its history line, state.limited) and
-        its wait planned; Limited raised when the reset is beyond limits.max_wait. None: no
-        limit. The wait itself is the caller's (one worker waits here; a pool holds all)."""
+        """A usage limit in its output (limits.py), said (`limited`, its history line,
+        state.limited) and its wait planned: no strike, no failure for the broken-agent rule;
+        LimitedError (limits.exit_code) when the reset is beyond limits.max_wait. None: no
+        limit. The wait is the run's (limit_hold.py): the quota is the agent's, every worker's.
+        """
         run, item = self.run, self.item
         config = run.plan.model.limits
         tails = "\n".join(failures.output_tail(o, run.redactor) for o in self.outputs)
         extra = [limits.pattern(p.regex, p.reset, p.source) for p in config.patterns]
         limit = limits.find(tails, extra)
         if limit is None:
-            run.limited_since = None
+            self.hold.since = None
             return None
         now = time.time()
-        since = run.limited_since = run.limited_since or now
+        since = self.hold.since = self.hold.since or now
         wait = limits.plan(
             limit,
             now=now,
@@ -321,7 +410,7 @@ class Iteration:
             run.bus.emit(said)
             self.end("limited", limit=facts)
             message = limits.stop_message(limit, wait, since, config.max_wait)
-            raise Limited(message, config.exit_code)
+            raise LimitedError(message, config.exit_code)
         st.phase = None
         run.bus.emit(said)
         self.end("limited", limit=facts)
@@ -361,23 +450,9 @@ class Iteration:
                 f"; skipped meanwhile: {', '.join(repr(i) for i in skipped)} "
                 "(set them back to '- [ ]' to retry them)"
             )
-        raise AgentBroken(
+        raise AgentBrokenError(
             message + ". Fix the agent's set-up and run again.", ExitCode.AGENT_BROKEN
         )
-
-    def _skip(self, strikes: int) -> None:
-        run, item = self.run, self.item
-        text = checklist.read(run.checklist_path)
-        current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
-        if current is not None:
-            checklist.write(run.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
-            if run.in_repo:
-                message = f"skip: {item.text} ({strikes} failures)"
-                git.commit_paths(run.plan.workdir, message, run.checklist_path)
-                self.head_moved = True
-        run.forget_counts()
-        run.state.strikes.pop(item.text, None)
-        run.bus.emit(events.Skip(item=item.text, strikes=strikes))
 
 
 def step_entry(spec: TaskSpec, result: TaskResult, redactor: Redactor) -> StepEntry:
@@ -398,3 +473,19 @@ def step_entry(spec: TaskSpec, result: TaskResult, redactor: Redactor) -> StepEn
         "reason": failures.reason(spec.name, status, tail, from_process),
         "from_process": from_process,
     }
+
+
+def mark_skipped(run: RunContext, item: checklist.Item, strikes: int) -> bool:
+    """Mark the item `- [~]` in the run's checklist (where the agent left its line) and commit
+    it; True when the head moved."""
+    text = checklist.read(run.checklist_path)
+    current = checklist.find(text, item.text)  # None: the agent rewrote the item's line
+    moved = False
+    if current is not None:
+        checklist.write(run.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
+        if run.in_repo:
+            message = f"skip: {item.text} ({strikes} failures)"
+            git.commit_paths(run.plan.workdir, message, run.checklist_path)
+            moved = True
+    run.counts.forget()
+    return moved

@@ -27,38 +27,17 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
-from ralph_runner import events
 from ralph_runner.durable.files import write_atomic
 from ralph_runner.errors import FatalError, GaveUp
+from ralph_runner.loop.blocks import BlockRun, run_block
 
 if TYPE_CHECKING:
-    from ralph_runner.loop.state import Store
-    from ralph_runner.output import EventBus
-    from ralph_runner.process import execute
-    from ralph_runner.runbook.loader import TaskSpec
-    from ralph_runner.runbook.plan import Plan
-    from ralph_runner.workspace.checklist import Counts
+    from ralph_runner.loop.context import RunContext
     from ralph_runner.workspace.status_file import Held, LifecycleStatus
 
 MARKER = "held"  # .ralph/held: setup succeeded, teardown has not yet
-BlockName = Literal["setup", "teardown"]
-BlockState = Literal["running", "done", "failed"]
-
-
-class Loop(Protocol):
-    """What the blocks need of the loop (loop/runner.py's Runner)."""
-
-    store: Store
-    bus: EventBus
-    plan: Plan
-    signals: execute.InterruptsRaise
-    stop: threading.Event
-
-    def save(self, status_only: bool = False) -> None: ...
-    def checklist_counts(self) -> Counts: ...
-    def forget_counts(self) -> None: ...
 
 
 def read_marker(path: Path) -> Held | None:
@@ -87,108 +66,66 @@ class Lifecycle:
     """One run's setup and teardown: each runs at most once; teardown only after a setup
     began (a run refused before it, by its preflight or the workdir's lock, held nothing)."""
 
-    def __init__(self, runner: Loop) -> None:
-        self.runner = runner
-        self.marker = runner.store.dir / MARKER
-        self.setup_state: BlockState | None = None
-        self.teardown_state: BlockState | None = None
-        self.error: str | None = None  # the failed block's step and how it ended
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.marker = run.store.dir / MARKER
+        self.setup_block: BlockRun | None = None
+        self.teardown_block: BlockRun | None = None
         self.left: Held | None = None  # the marker a run killed before its teardown left
         self.began = False
 
     def setup(self) -> None:
         """The run's start: report a marker left behind, run `setup:`, write the marker.
         GaveUp (recovery.exit_code) when a setup step fails."""
-        runner = self.runner
+        run = self.run
         self.began = True
         self.left = read_marker(self.marker)
         if self.left is not None:
-            runner.bus.warn(self._left_text(self.left))
-            runner.save(status_only=True)
-        specs = runner.plan.runbook.setup_steps
+            run.bus.warn(self._left_text(self.left))
+            run.save_status()
+        specs = run.plan.runbook.setup_steps
         if not specs:
             return
-        error = self._block("setup", specs, runner.stop)
+        error = self._block("setup", run.stop).error
         if error is not None:
-            exit_code = runner.plan.model.recovery.exit_code
-            raise GaveUp(f"setup failed: {error}", exit_code=exit_code)
+            raise GaveUp(f"setup failed: {error}", exit_code=run.model.recovery.exit_code)
         since = round(time.time(), 3)
         held = {"pid": os.getpid(), "since": since, "host": socket.gethostname()}
         try:
             write_atomic(self.marker, (json.dumps(held) + "\n").encode("utf-8"))
         except FatalError as exc:  # the run goes on; only a kill -9 would go unreported
-            runner.bus.warn(f"what setup holds is not marked: {exc}")
+            run.bus.warn(f"what setup holds is not marked: {exc}")
 
     def teardown(self) -> None:
         """The run's end, once, whatever the end; never raises (the run's own end wins)."""
-        if not self.began or self.teardown_state is not None:
+        if not self.began or self.teardown_block is not None:
             return
-        specs = self.runner.plan.runbook.teardown_steps
-        if not specs:
+        if not self.run.plan.runbook.teardown_steps:
             self.marker.unlink(missing_ok=True)  # setup alone: nothing left to release
             return
         # Its own cancel: the run's stop is set by the SIGTERM that may be ending it.
-        if self._block("teardown", specs, threading.Event()) is None:
+        if self._block("teardown", threading.Event()).error is None:
             self.marker.unlink(missing_ok=True)
 
-    def _block(
-        self, which: BlockName, specs: list[TaskSpec], cancel: threading.Event
-    ) -> str | None:
-        """Run one block through the recovery steps' path; its failure, or None."""
-        from ralph_runner.runbook import tasks
+    def _block(self, which: str, cancel: threading.Event) -> BlockRun:
+        book, run = self.run.plan.runbook, self.run
 
-        runner = self.runner
-        self._set(which, "running")
-        runner.save(status_only=True)
-        started = time.monotonic()
-        ran = 0
+        def shown(block: BlockRun) -> None:
+            if which == "setup":
+                self.setup_block = block
+            else:
+                self.teardown_block = block
 
-        def starting(spec: TaskSpec, skipped: str | None) -> None:
-            nonlocal ran
-            ran += skipped is None
-            runner.bus.emit(events.BlockStep(block=which, step=spec.name, skipped=skipped))
-
-        error = tasks.run_steps(
-            specs,
-            tasks.TaskGroup(runner.plan),
-            self._variables(which),
-            cancel,
-            starting,
+        return run_block(
+            run,
+            "setup" if which == "setup" else "teardown",
+            book.setup_steps if which == "setup" else book.teardown_steps,
+            cancel=cancel,
             # setup: a signal ends it at a step boundary; teardown: a signal is what ends the
             # run, and the second one is ignored until the run is saved (process/signals.py)
-            between=runner.signals.raise_pending if which == "setup" else lambda: None,
-            template_errors_end=True,
-        ).failure
-        self._set(which, "failed" if error else "done")
-        self.error = error or self.error
-        runner.forget_counts()
-        runner.bus.emit(
-            events.BlockSteps(
-                block=which,
-                ok=error is None,
-                ran=ran,
-                seconds=round(time.monotonic() - started, 3),
-                error=error,
-            )
+            between=run.signals.raise_pending if which == "setup" else lambda: None,
+            shown=shown,
         )
-        runner.save(status_only=True)
-        return error
-
-    def _set(self, which: BlockName, state: BlockState) -> None:
-        if which == "setup":
-            self.setup_state = state
-        else:
-            self.teardown_state = state
-
-    def _variables(self, which: BlockName) -> dict[str, object]:
-        """What the blocks' templates see: the runbook's variables, the checklist's counts and
-        the block's name as `phase`; no `item`, no `death`."""
-        runner = self.runner
-        return {
-            **runner.plan.variables,
-            "checklist": runner.checklist_counts().as_dict(),
-            "phase": which,
-        }
 
     @staticmethod
     def _left_text(left: Held) -> str:
@@ -205,13 +142,14 @@ class Lifecycle:
 
     def fields(self) -> LifecycleStatus | None:
         """status.json's `lifecycle`: None for a runbook without the blocks and nothing left."""
-        book = self.runner.plan.runbook
+        book = self.run.plan.runbook
         if not (book.setup_steps or book.teardown_steps or self.left):
             return None
+        failed = [b.error for b in (self.setup_block, self.teardown_block) if b and b.error]
         return {
-            "setup": self.setup_state,
-            "teardown": self.teardown_state,
-            "error": self.error,
+            "setup": self.setup_block.state if self.setup_block else None,
+            "teardown": self.teardown_block.state if self.teardown_block else None,
+            "error": failed[-1] if failed else None,
             "held": self.marker.exists() if self.began else False,
             "left_by_last_run": self.left,
         }

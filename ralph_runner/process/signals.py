@@ -48,10 +48,12 @@ class InterruptsRaise:
             os._exit(128 + signum)
         for s in self.previous:  # a second signal must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
+        # pending before the kill: a thread whose step the kill ends sees the interrupt, not a
+        # failed step to charge to its item
+        self.pending = Interrupted(signum)
         if self.on_signal is not None:
             self.on_signal()
         kill_all(self.grace)
-        self.pending = Interrupted(signum)
         raise self.pending
 
     def __exit__(self, *exc: object) -> None:

@@ -127,7 +127,7 @@ class PauseFields(TypedDict):
 
 
 class Worker(TypedDict):
-    """One worker of `loop.workers` > 1 (loop/workers.py): its item and where it stands."""
+    """One worker of `loop.workers` > 1 (loop/landing.py): its item and where it stands."""
 
     worker: int  # its number, 1..N: its worktree is .ralph/worktrees/<worker>
     item: str | None  # None: idle

@@ -277,11 +277,15 @@ def test_an_idle_engines_hang_is_stalled_within_the_floor_and_a_canary(standin, 
     assert all(r.reason == "stalled" for _, r in failed[:2])
 
 
-def test_a_loop_reads_a_long_prompt_on_a_slow_engine_with_no_death(scenario: Scenario):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_loop_reads_a_long_prompt_on_a_slow_engine_with_no_death(
+    scenario: Scenario, workers: int
+):
     """Through `ralph-run`: the agent (through the loop's proxy) sends a 1,000-token prompt to a
     fresh engine that reads it in 2 s steps (twice the floor; the first step shows nothing in
     /metrics). No death, the item done; while the agent waits, `ralph-run status` shows the
-    hang bound the probe computed, and why."""
+    hang bound the probe computed, and why: status.json follows the watch's rounds mid-step
+    with one worker or a pool of them (the pool's step runner once left it stale)."""
     scenario.prepare(
         ["long prompt"], engine_probe=True, watch=PERIOD, agent_timeout=60, step_timeout=120
     )
@@ -289,6 +293,7 @@ def test_a_loop_reads_a_long_prompt_on_a_slow_engine_with_no_death(scenario: Sce
     book["health"]["probes"][0]["progress"].pop("stall_after")
     book["health"]["probes"][0]["progress"]["stall"] = {"floor": FLOOR, "ceiling": CEILING}
     book["loop"]["proxy"] = True
+    book["loop"]["workers"] = workers
     step = book["loop"]["steps"][1]
     step["shell"] = step["shell"].replace("--url {{ base_url }}", "--url {{ agent_base_url }}")
     book["prompt"] += "x " * (2 * 5 * CHUNK)  # 4,000 characters: 1,000 tokens, 5 steps

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import ralph_runner.loop
 from ralph_runner import events
 from ralph_runner.errors import ExitCode
 from ralph_runner.loop.runner import Runner
+from ralph_runner.loop.state import Store
 from ralph_runner.output import Console, EventBus
 from ralph_runner.runbook import plan
+from ralph_runner.workspace.status_file import Status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,3 +117,42 @@ def test_a_failing_step_is_a_strike_and_the_last_strike_a_skip(tmp_path: Path) -
     ]
     checklist = (runbook.parent / "work" / "CHECKLIST.md").read_text()
     assert checklist == "- [!] hard item\n- [x] ok after\n"
+
+
+def test_quick_steps_do_not_rewrite_the_status_with_workers_either(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status.json is rewritten when a step that takes time starts, not for a quick one (verify,
+    ensure_alive: milliseconds), with one worker or many: one step runner for both. With
+    `workers: 2` the pool's own step runner once rewrote it at every step."""
+    runbook = workspace(tmp_path, ["ok first", "ok second"])
+    book = runbook.read_text().replace("loop:\n", "loop:\n  workers: 2\n")
+    quick = 20  # quick steps per attempt, after the agent's
+    book += "".join("    - verify: { checked: false, committed: false }\n" for _ in range(quick))
+    runbook.write_text(book)
+    writes: list[int] = []
+    original = Store.write_status
+
+    def counted(store: Store, status: Status) -> None:
+        writes.append(1)
+        original(store, status)
+
+    monkeypatch.setattr(Store, "write_status", counted)
+    code, seen = run_loop(runbook)
+    assert code == ExitCode.DONE, seen.events
+    attempts = len(seen.ended())  # the second may come again: its agent ticks the first item
+    assert [e.outcome for e in seen.ended()].count("done") == 2
+    # a few writes an attempt (its start, its agent step, its end), not one per quick step
+    assert 0 < len(writes) < attempts * quick / 2, f"{len(writes)} status writes, {attempts} attempts"
+
+
+def test_each_rule_of_an_attempt_is_written_once() -> None:
+    """One loop: the step runner, the after-failure accounting, a death's facts and the service
+    check are each defined once in the loop package (the serial loop and the pool of workers
+    once held a copy each), and the pool's unused `_room` is gone."""
+    loop = Path(ralph_runner.loop.__file__).parent
+    source = "\n".join(p.read_text() for p in sorted(loop.glob("*.py")))
+    for name in ("_step", "_account_for", "facts", "ensure_service"):
+        found = re.findall(rf"^\s*def _?{name.lstrip('_')}\(", source, re.MULTILINE)
+        assert len(found) == 1, (name, found)
+    assert "_room" not in source

@@ -258,3 +258,17 @@ def test_a_restart_by_someone_else_under_two_attempts_is_one_death_no_strike(
     assert not strikes(run)
     assert scenario.marks() == ["x", "x"]
     assert_clean(scenario)
+
+
+def test_a_line_that_looks_like_an_item_is_warned_of_with_workers_too(scenario: Scenario) -> None:
+    """A checklist line that looks like an item but is not (`-[ ]`, no space) is said once, at
+    the start, whether one worker or many run the items: the pool once said nothing."""
+    prepare(scenario, ["ok 1", "ok 2"], workers=2)
+    path = scenario.workspace / "CHECKLIST.md"
+    path.write_text(path.read_text() + "-[ ] ok 3, not an item\n")
+    git(scenario.workspace, "commit", "-qam", "a near miss")
+    run = scenario.start()
+    assert run.wait() == 0, run.stderr
+    warned = [e["message"] for e in run.of("warning") if "like an item" in e["message"]]
+    assert len(warned) == 1 and "line 3" in warned[0], run.of("warning")
+    assert scenario.marks() == ["x", "x"]
