@@ -1,7 +1,7 @@
 """The errors an operator can act on, each with its exit code: caught once, at the top, in cli.py.
 
 `ExitCode` names every exit code ralph-run has. `FatalError` (with `Problem`s: file, line,
-column, key path) and its kinds `GaveUp`, `AgentBroken` and `Limited`; `Interrupted` for
+column, key path) and its kinds `GaveUp`, `AgentBrokenError` and `LimitedError`; `Interrupted` for
 SIGINT/SIGTERM. Anything else is a bug (crash.py).
 """
 
@@ -61,11 +61,11 @@ class GaveUp(FatalError):
     """The service could not be brought back: the loop stops with recovery.exit_code."""
 
 
-class AgentBroken(FatalError):
+class AgentBrokenError(FatalError):
     """The agent failed the same way on consecutive items while the service was healthy."""
 
 
-class Limited(FatalError):
+class LimitedError(FatalError):
     """The agent's usage limit resets later than `limits.max_wait`: the loop stops with
     `limits.exit_code` (7) and says when to come back (loop/limits.py)."""
 

@@ -1,7 +1,7 @@
 """The run's events: one frozen dataclass per kind, and their `--json` shape.
 
 The loop, the service's death path, the pause and the fleet say what happens by emitting these
-(output.EventBus); the console, the iteration history, the metrics textfile, the notifier and
+(output.bus.EventBus); the console, the iteration history, the metrics textfile, the notifier and
 the pause control follow them, each by the class of the event. Each class knows its `--json`
 name (`NAME`, the `event` of the line) and its fields: the dataclass fields in order, a field
 with OMITTED metadata left out while it holds that value (users parse these lines: a name or a
@@ -79,7 +79,7 @@ class Resume(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Iteration(Event):
+class IterationStarted(Event):
     NAME = "iteration"
     iteration: int
     item: str
@@ -166,7 +166,7 @@ class Skip(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentBroken(Event):
+class AgentFoundBroken(Event):
     NAME = "agent-broken"
     item: str
     previous_item: str
@@ -177,7 +177,7 @@ class AgentBroken(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Limited(Event):
+class UsageLimitHit(Event):
     """A usage limit in the agent's output: waited out, or the end of the run (`exit_code`)."""
 
     NAME = "limited"
@@ -315,7 +315,7 @@ class Summary(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Warning(Event):  # the --json name (the builtin is not used here)
+class Warned(Event):
     NAME = "warning"
     message: str
 
@@ -556,12 +556,12 @@ class FleetSummary(Event):
 KINDS: dict[str, type[Event]] = {
     kind.NAME: kind
     for kind in (
-        Resume, Iteration, Step, StepDone, Watch, Output, Done, Retry, Strike, Skip, AgentBroken,
-        Limited, LimitedWait, IterationEnded, Interrupted, Summary, Warning, Death, Capture,
-        Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed, Recovery, Recorder,
-        Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep, PauseSteps, ResumeSteps,
-        BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary, WorkerStarted,
-        WorkerLanded, WorkerConflict, WorkerRetry, Governed,
+        Resume, IterationStarted, Step, StepDone, Watch, Output, Done, Retry, Strike, Skip,
+        AgentFoundBroken, UsageLimitHit, LimitedWait, IterationEnded, Interrupted, Summary, Warned,
+        Death, Capture, Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed,
+        Recovery, Recorder, Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep,
+        PauseSteps, ResumeSteps, BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary,
+        WorkerStarted, WorkerLanded, WorkerConflict, WorkerRetry, Governed,
     )
 }  # fmt: skip
 """Every event class by its --json name."""

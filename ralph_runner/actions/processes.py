@@ -17,7 +17,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from ralph_runner.actions import TaskContext, TaskResult
-from ralph_runner.output import columns
+from ralph_runner.output.text import columns
 from ralph_runner.plugins.fields import Regex
 
 KEY = "processes"

@@ -22,7 +22,8 @@ from ralph_runner.deaths import log as death_log
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import state
 from ralph_runner.loop.runner import Runner
-from ralph_runner.output import Console, EventBus
+from ralph_runner.output.bus import EventBus
+from ralph_runner.output.console import Console
 from ralph_runner.process import execute
 from ralph_runner.runbook import loader, plan
 

@@ -9,7 +9,7 @@ from ralph_runner.commands import options
 
 if TYPE_CHECKING:
     from ralph_runner import events
-    from ralph_runner.output import EventBus
+    from ralph_runner.output.bus import EventBus
     from ralph_runner.runbook import plan
 
 
@@ -59,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
     from ralph_runner.errors import ExitCode, FatalError, Interrupted
     from ralph_runner.fleet import run as fleet
     from ralph_runner.loop.runner import Runner
-    from ralph_runner.output import Console, EventBus
+    from ralph_runner.output.bus import EventBus
+    from ralph_runner.output.console import Console
     from ralph_runner.runbook import plan
 
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars)

@@ -19,17 +19,17 @@ from ralph_runner.commands import options
 from ralph_runner.errors import ExitCode
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
-from ralph_runner.output import printable
+from ralph_runner.output.text import printable
 from ralph_runner.runbook import plan
 from ralph_runner.workspace.state_files import STATE_DIR
 from ralph_runner.workspace.status_file import (
-    AgentBroken,
+    AgentBrokenStatus,
     CheckedStatus,
     HangBound,
     LastDeath,
     LastStart,
     LifecycleStatus,
-    Limited,
+    LimitedStatus,
     Pause,
     Status,
     checked,
@@ -206,7 +206,7 @@ def _block(pause: Pause, which: str) -> str:
     return f" ({which} steps {steps})"
 
 
-def _limited(limited: Limited | None) -> list[str]:
+def _limited(limited: LimitedStatus | None) -> list[str]:
     """The agent's usage limit the loop waits for, or the one that stopped it (exit 7)."""
     if limited is None:
         return []
@@ -214,7 +214,7 @@ def _limited(limited: Limited | None) -> list[str]:
     return [f"limited:    until {until} ({limited['source']}: {limited['line']})"]
 
 
-def _agent_broken(broken: AgentBroken | None) -> list[str]:
+def _agent_broken(broken: AgentBrokenStatus | None) -> list[str]:
     """Why the loop stopped with exit 6, and the items it skipped before it saw it."""
     if broken is None:
         return []

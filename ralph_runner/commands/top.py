@@ -46,6 +46,7 @@ from ralph_runner.errors import FatalError, Problem
 from ralph_runner.fleet import control
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause
+from ralph_runner.output import durations
 from ralph_runner.process import connection, execute
 from ralph_runner.runbook import inventory
 from ralph_runner.workspace.state_files import STATE_DIR
@@ -231,10 +232,10 @@ class View:
         no answer; "reading..." for one not read yet; None when it is fresh."""
         late = reads.asked is not None and now - reads.asked > STALE
         if reads.last is not None and (late or reads.failed):
-            return f"no answer {view.duration(time.time() - reads.last.wall)}"
+            return f"no answer {durations.cell(time.time() - reads.last.wall)}"
         if reads.last is None and reads.failed is None:
             return (
-                f"no answer {view.duration(now - (reads.first or now))}" if late else "reading..."
+                f"no answer {durations.cell(now - (reads.first or now))}" if late else "reading..."
             )
         return None  # fresh, or never answered and its error says why
 

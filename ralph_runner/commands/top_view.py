@@ -32,7 +32,8 @@ from ralph_runner.deaths.recorder import DIRECTORY, SEGMENT_GLOB
 from ralph_runner.durable.json_value import JSON, JSONObject
 from ralph_runner.loop import pause as pause_control
 from ralph_runner.loop.state import LastFailure, State
-from ralph_runner.output import printable
+from ralph_runner.output import durations
+from ralph_runner.output.text import printable
 from ralph_runner.process import connection
 from ralph_runner.workspace import status_file
 from ralph_runner.workspace.state_files import HISTORY_FILE, STATE_DIR, STATE_FILE
@@ -222,9 +223,9 @@ def state_text(status: CheckedStatus, death_time: float | None, now: float) -> s
     if status["paused"]:
         return "paused"
     if recovering(status, death_time):
-        return f"recovering {duration(now - death_time)}" if death_time else "recovering"
+        return f"recovering {durations.cell(now - death_time)}" if death_time else "recovering"
     if status["limited"] is not None:
-        return f"limited {duration(status['limited']['until'] - now)}"
+        return f"limited {durations.cell(status['limited']['until'] - now)}"
     return status["pause"]["state"] if status["pause"] else "running"
 
 
@@ -253,7 +254,7 @@ def cells(reading: LoopReading, now: float, stale: str | None = None) -> list[st
         item = f"{len(doing)}/{len(workers)} workers" + (f": {', '.join(doing)}" if doing else "")
     pause = status["pause"]
     since = (pause["since"] if pause else None) if status["paused"] else status["step_started"]
-    step = duration(now - since) if status["running"] and since is not None else ""
+    step = durations.cell(now - since) if status["running"] and since is not None else ""
     deaths = str(status["deaths"])  # the last one's fault: in the details' title
     counts = f"{status.get('done', 0)}/{status.get('todo', 0)}/{status.get('skipped', 0)}"
     return [
@@ -292,17 +293,6 @@ def per_hour(history: list[JSONObject], now: float | None) -> str:
     span = max(RATE_FLOOR, now - min(start for start, _ in starts))
     rate = done * 3600.0 / span
     return f"{rate:.0f}" if rate >= 10 else f"{rate:.1f}"
-
-
-def duration(seconds: float) -> str:
-    """A span in a table cell: "45s", "3m05s", "2h07m" (at most 6 characters, whole seconds;
-    `deaths` and the console say theirs in words: deaths/text.duration, output.span)."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 # -- the selected loop's details --------------------------------------------------------
@@ -392,7 +382,7 @@ def iterations(lines: list[JSONObject], rows: int) -> RenderableType:
         table.add_row(
             str(line.get("iteration", "")),
             str(line.get("outcome", "")),
-            duration(seconds) if isinstance(seconds, int | float) else "",
+            durations.cell(seconds) if isinstance(seconds, int | float) else "",
             _tokens(line),
             str(commit)[:7] if commit else "-",
             changed,

@@ -1,7 +1,7 @@
 """The iteration history: one JSON line per iteration in `.ralph/iterations.jsonl`.
 
-It follows the run's events (a Follower of output.EventBus), so the loop has no hook for it: an
-`Iteration` event opens a line, and the `IterationEnded` the loop emits closes it with the
+It follows the run's events (a Follower of output.bus.EventBus), so the loop has no hook for it: an
+`IterationStarted` event opens a line, and the `IterationEnded` the loop emits closes it with the
 outcome the loop decided (done, death, strike, skipped, limited, paused; or how the run ended
 inside it: gave-up, interrupted, failed). `Death` events in between give the death numbers.
 
@@ -158,7 +158,7 @@ class History:
         if isinstance(event, events.WorkerStarted):
             self.overlapping = True
             self._worker_of[event.iteration] = event.worker
-        if isinstance(event, events.Iteration):
+        if isinstance(event, events.IterationStarted):
             if self.overlapping:
                 self._stash()
             else:
@@ -231,7 +231,7 @@ class History:
         except OSError as exc:  # a full disk must not stop the loop; the next line may fit
             self.warn(f"iteration {line['iteration']} not written to {self.path}: {exc}")
 
-    def _begin(self, event: events.Iteration) -> None:
+    def _begin(self, event: events.IterationStarted) -> None:
         now = time.time()
         self._started = time.monotonic()
         self._tokens_at_start, self._tokens_why = self._read_tokens()

@@ -24,7 +24,8 @@ from ralph_runner.deaths import text as deaths_text
 from ralph_runner.deaths.answers import Answers, PromptSize, SignatureRow
 from ralph_runner.durable.files import replace_own_file
 from ralph_runner.durable.json_value import JSON, JSONObject
-from ralph_runner.output import shorten
+from ralph_runner.output import durations
+from ralph_runner.output.text import shorten
 
 if TYPE_CHECKING:  # Bokeh is imported where a chart is drawn: 0.5 s, not for `deaths`
     from bokeh.model import Model
@@ -105,7 +106,7 @@ def render(data: stats.Data, answers: Answers) -> str:
     divs = {"timeline": "", "signatures": "", "prompt": "", **made}
     bokeh_js = Resources(mode="inline", components=["bokeh"]).render_js() if charts else ""
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template.filters.update(when=deaths_text.when, duration=deaths_text.duration, pct=_pct)
+    template.filters.update(when=deaths_text.when, duration=durations.statistic, pct=_pct)
     source = resources.files("ralph_runner").joinpath("templates/report.html.j2")
     return template.from_string(source.read_text("utf-8")).render(
         answers=answers,

@@ -27,7 +27,7 @@ from ralph_runner.durable import jsonl
 from ralph_runner.durable.files import NotOurs, append_durably, check_own_file
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.errors import FatalError, Problem
-from ralph_runner.output import columns, plural, shorten, step_ended
+from ralph_runner.output.text import columns, plural, shorten, step_ended
 
 if TYPE_CHECKING:
     from ralph_runner.runbook.plan import Plan

@@ -24,7 +24,7 @@ from typing import Any
 
 from ralph_runner.deaths.record import DeathRecord
 from ralph_runner.durable.json_value import JSON
-from ralph_runner.output import shorten
+from ralph_runner.output.text import shorten
 
 # `Name: message` or `pkg.module.Name: message` where Name looks like an exception class.
 EXCEPTION = re.compile(

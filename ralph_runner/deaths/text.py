@@ -18,7 +18,8 @@ from ralph_runner.deaths.answers import (
     Recovery,
     Throughput,
 )
-from ralph_runner.output import columns, plural, shorten
+from ralph_runner.output.durations import statistic
+from ralph_runner.output.text import columns, plural, shorten
 
 LAST_DEATHS = 30  # deaths listed one per line at the end (the most recent ones)
 ITEM_WIDTH = 40
@@ -48,7 +49,7 @@ def recovery_of(row: DeathRow) -> str:
         return "no recovery record"
     if not row["recovered"]:
         return "NOT recovered"
-    return f"recovered in {duration(row['recovery_seconds'])}"
+    return f"recovered in {statistic(row['recovery_seconds'])}"
 
 
 def text(answers: Answers, data: stats.Data) -> list[str]:
@@ -118,7 +119,7 @@ def throughput_line(throughput: Throughput) -> str:
     """Items per hour and tokens per item, in one line (the report's summary has it too)."""
     per_hour = throughput["items_per_hour"]
     line = f"items per hour: {'—' if per_hour is None else f'{per_hour:.1f}'}"
-    line += f" ({throughput['items_done']} done in {duration(throughput['running_seconds'])})"
+    line += f" ({throughput['items_done']} done in {statistic(throughput['running_seconds'])})"
     if throughput["tokens_per_item"] is None:
         note = throughput["too_little"] or "no item done"
         return f"{line}; tokens per item: — ({note})"
@@ -175,18 +176,6 @@ def when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M")
 
 
-def duration(seconds: float | None) -> str:
-    """A statistic's span, one decimal: "9.5 s", "10.3 min", "2.1 h" (a p50 or a mean is no
-    whole number of seconds; a wait is, in output.span's words, and top's cells are 6 wide)."""
-    if seconds is None:
-        return "?"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def counts(mapping: dict[str, int]) -> str:
     return ", ".join(f"{key} {n}" for key, n in mapping.items())
 
@@ -206,13 +195,13 @@ def between_line(between: BetweenDeaths) -> str:
         line += "—"
     else:
         line += (
-            f"{duration(between['mean_seconds'])} (median {duration(between['median_seconds'])},"
+            f"{statistic(between['mean_seconds'])} (median {statistic(between['median_seconds'])},"
             f" {between['gaps']} gap(s))"
         )
     if between["running_seconds_per_death"] is not None:
         line += (
-            f"; 1 death per {duration(between['running_seconds_per_death'])} of loop time "
-            f"({duration(between['running_seconds'])} in the history)"
+            f"; 1 death per {statistic(between['running_seconds_per_death'])} of loop time "
+            f"({statistic(between['running_seconds'])} in the history)"
         )
     return line + (f" — too little data: {between['too_little']}" if between["too_little"] else "")
 
@@ -222,8 +211,8 @@ def recovery_line(recovery: Recovery) -> str:
         line = "recovery: none recovered"
     else:
         line = (
-            f"recovery: p50 {duration(recovery['p50'])}, p95 {duration(recovery['p95'])}, "
-            f"max {duration(recovery['max'])} ({recovery['recovered']} recovered)"
+            f"recovery: p50 {statistic(recovery['p50'])}, p95 {statistic(recovery['p95'])}, "
+            f"max {statistic(recovery['max'])} ({recovery['recovered']} recovered)"
         )
     if recovery["not_recovered"]:
         line += f"; {recovery['not_recovered']} not recovered: {counts(recovery['reasons'])}"

@@ -28,7 +28,7 @@ from ralph_runner.errors import FatalError
 from ralph_runner.workspace.state_files import HISTORY_FILE, SOURCES_FILE
 
 if TYPE_CHECKING:
-    from ralph_runner.output import EventBus
+    from ralph_runner.output.bus import EventBus
     from ralph_runner.runbook.plan import Plan
 
 MIB = 1024 * 1024

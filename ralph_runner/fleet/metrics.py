@@ -2,7 +2,7 @@
 
 node_exporter's textfile collector serves every `*.prom` file of a directory, so an operator's
 existing Prometheus sees each loop with no server of ours. The file follows the run's events
-(a follower of output.EventBus); prometheus_client renders it, and it is replaced atomically by
+(a follower of output.bus.EventBus); prometheus_client renders it, and it is replaced atomically by
 a temp file of a random name made in the same directory without following a link (its own
 writer followed one planted at its predictable temp name); an existing textfile must be a
 regular file of ours (a link stops the run at its start, exit 2). A heartbeat rewrites it
@@ -34,8 +34,9 @@ SIGNATURES = 10  # distinct death signatures kept as label values; the rest coun
 SIGNATURE_CHARS = 80
 # The events that move a metric: the file is rewritten after each.
 MOVING = (
-    events.Iteration, events.Summary, events.Done, events.Skip, events.Strike, events.Limited,
-    events.Death, events.Report, events.Recovery, events.Receipt, events.Paused, events.Resumed,
+    events.IterationStarted, events.Summary, events.Done, events.Skip, events.Strike,
+    events.UsageLimitHit, events.Death, events.Report, events.Recovery, events.Receipt,
+    events.Paused, events.Resumed,
 )  # fmt: skip
 
 
@@ -203,7 +204,7 @@ class Textfile:
         """Move the metrics `event` moves (one of MOVING)."""
         host = self.host
         match event:
-            case events.Iteration():
+            case events.IterationStarted():
                 self.iterations.labels(host).inc()
                 self.limited_until.labels(host).set(0)
                 self._items(event.done, event.todo, event.skipped)
@@ -219,7 +220,7 @@ class Textfile:
                 self.attempts.labels(host).set(0)
             case events.Strike():
                 self.attempts.labels(host).set(event.strikes)
-            case events.Limited():
+            case events.UsageLimitHit():
                 self.limited_until.labels(host).set(event.until)
             case events.Death():
                 self.deaths.labels(host, event.phase).inc()

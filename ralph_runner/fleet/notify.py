@@ -93,13 +93,13 @@ class Notifier:
         self._ping("/start")
 
     def on_event(self, event: events.Event) -> None:
-        if isinstance(event, events.Iteration):
+        if isinstance(event, events.IterationStarted):
             self._ping("")
         if isinstance(event, events.Paused):
             self._waiting = True
-        elif isinstance(event, events.Limited):
+        elif isinstance(event, events.UsageLimitHit):
             self._waiting = not event.ends_run
-        elif isinstance(event, events.Resumed | events.Iteration):
+        elif isinstance(event, events.Resumed | events.IterationStarted):
             self._waiting = False
         message = self._message(event)
         if message is not None:
@@ -134,7 +134,7 @@ class Notifier:
             case events.Recovery():
                 body = f"death #{event.death} not recovered: {event.reason}"
                 return Message("gave-up", f"ralph-run gave up on {host}", body)
-            case events.Limited():
+            case events.UsageLimitHit():
                 reset = "no reset time given" if event.guessed else f"resets at {event.reset}"
                 then = (
                     f"stopped (exit {event.exit_code}): run again later"

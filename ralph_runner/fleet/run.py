@@ -23,7 +23,7 @@ from typing import Any
 
 from ralph_runner import events
 from ralph_runner.errors import ExitCode, FatalError, Interrupted
-from ralph_runner.output import EventBus
+from ralph_runner.output.bus import EventBus
 from ralph_runner.process import execute
 from ralph_runner.runbook.plan import Plan
 

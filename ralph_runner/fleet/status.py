@@ -20,7 +20,8 @@ from ralph_runner import templating
 from ralph_runner.durable.json_value import JSON
 from ralph_runner.errors import FatalError, Problem
 from ralph_runner.loop import pause
-from ralph_runner.output import columns
+from ralph_runner.output import durations
+from ralph_runner.output.text import columns
 from ralph_runner.process import connection
 from ralph_runner.runbook import inventory, plan
 from ralph_runner.workspace import status_file
@@ -157,17 +158,10 @@ def table(rows: list[HostAnswer]) -> list[str]:
                 str(row.get("skipped", 0)),
                 str(row["deaths"]),
                 f"{last['time']} {last['phase']}".strip() if last else "-",
-                _ago(row["updated"]),
+                durations.ago(row["updated"]),
             )
         )
     return columns(lines)
-
-
-def _ago(updated: float) -> str:
-    if not updated:  # a status without it
-        return "-"
-    seconds = max(0, int(time.time() - updated))
-    return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago"
 
 
 def _remote_form(p: plan.Plan) -> str:

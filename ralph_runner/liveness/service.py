@@ -286,7 +286,7 @@ class Service:
         if owners.unknown is not None and not self.owners_unknown:
             self.owners_unknown = True
             self.emit(
-                events.Warning(
+                events.Warned(
                     message=f"who listens on the probes' ports cannot be told here "
                     f"({owners.unknown}): a server another user started there would be trusted"
                 )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ralph_runner.liveness.service import Service
     from ralph_runner.loop.proxy import Proxy
     from ralph_runner.loop.state import State, Store
-    from ralph_runner.output import EventBus
+    from ralph_runner.output.bus import EventBus
     from ralph_runner.process.signals import InterruptsRaise
     from ralph_runner.runbook.plan import Plan
     from ralph_runner.runbook.schema import Runbook

@@ -28,7 +28,7 @@ from typing import Any
 
 from ralph_runner.durable.redaction import Redactor
 from ralph_runner.loop.state import LastFailure
-from ralph_runner.output import step_ended
+from ralph_runner.output.text import step_ended
 from ralph_runner.process.output_text import clean, explaining_line, one_line
 
 TAIL_LINES = 20

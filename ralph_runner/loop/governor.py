@@ -34,7 +34,7 @@ from ralph_runner import events
 from ralph_runner.plugins import bounded_http, prometheus_text
 
 if TYPE_CHECKING:
-    from ralph_runner.output import EventBus
+    from ralph_runner.output.bus import EventBus
     from ralph_runner.runbook.schema import Governor as Settings
     from ralph_runner.workspace.status_file import GovernorStatus
 

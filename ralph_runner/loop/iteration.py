@@ -7,7 +7,7 @@ all of them here, whether one worker or many: done (its work landed: `landing`, 
 worktree's fast-forward); a landing that conflicted, retried; retried with no strike (the
 service died during it); a usage limit (the run holds until its reset: `hold`); deferred with
 no strike (an earlier item was unsettled when it started); a strike, and at `strikes` a skip;
-or the end of the run when the agent fails the same way on two items (AgentBroken). Whatever
+or the end of the run when the agent fails the same way on two items (AgentBrokenError). Whatever
 ends it says so once, with `IterationEnded`: the outcome the iteration history writes.
 """
 
@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from ralph_runner import events
 from ralph_runner.actions import UNWATCHED, TaskResult
 from ralph_runner.deaths.record import ItemEntry, StepEntry
-from ralph_runner.errors import AgentBroken as AgentBrokenError
-from ralph_runner.errors import ExitCode, GaveUp, Interrupted
-from ralph_runner.errors import Limited as LimitedError
+from ralph_runner.errors import AgentBrokenError, ExitCode, GaveUp, Interrupted, LimitedError
 from ralph_runner.loop import failures, limits
 from ralph_runner.loop.failures import Failure
 from ralph_runner.process import output_text
@@ -194,10 +192,10 @@ class Iteration:
     def prompt_bytes(self) -> int:
         return len(self.prompt.encode("utf-8"))
 
-    def started(self) -> events.Iteration:
+    def started(self) -> events.IterationStarted:
         """The event that opens it (the history's line)."""
         counts = self.counts or checklist.Counts(0, 0, 0, 0, 0)
-        return events.Iteration(
+        return events.IterationStarted(
             iteration=self.number,
             item=self.item.text,
             attempts=self.attempts,
@@ -305,7 +303,7 @@ class Iteration:
             self.end("failed")
 
     def _strike(self, reason: str, tail: str) -> None:
-        """A strike for its item, and at `checklist.strikes` a skip (`- [~]`, committed)."""
+        """A strike for its item, and at `checklist.strikes` a skip (`- [!]`, committed)."""
         run, st, item = self.run, self.run.state, self.item
         with run.lock:
             strikes = st.strikes[item.text] = st.strikes.get(item.text, 0) + 1
@@ -319,7 +317,7 @@ class Iteration:
                 st.strikes.pop(item.text, None)
             run.bus.emit(events.Skip(item=item.text, strikes=strikes))
             with run.lock:
-                st.streak_skipped.append(item.text)  # AgentBroken names the items skipped
+                st.streak_skipped.append(item.text)  # AgentFoundBroken names the items skipped
             outcome = "skipped"
         self.end(outcome, reason=reason, strikes=strikes)
 
@@ -346,7 +344,7 @@ class Iteration:
 
     def charge(self, failure: Failure) -> None:
         """The broken-agent rule: the same failure as the last one charged, on another item,
-        stops the run (AgentBroken); otherwise this one is the last to compare with."""
+        stops the run (AgentBrokenError); otherwise this one is the last to compare with."""
         st = self.run.state
         previous = Failure.from_dict(st.last_failure)
         if previous is not None and failure.same_as(previous):
@@ -388,7 +386,7 @@ class Iteration:
             "reset_at": wait.reset_at,
             "until": wait.until,
         }
-        said = events.Limited(
+        said = events.UsageLimitHit(
             item=item.text,
             source=limit.source,
             line=limit.evidence,
@@ -431,7 +429,7 @@ class Iteration:
         }
         st.current_item = None
         self.run.bus.emit(
-            events.AgentBroken(
+            events.AgentFoundBroken(
                 item=failure.item,
                 previous_item=previous.item,
                 reason=failure.reason,
@@ -476,7 +474,7 @@ def step_entry(spec: TaskSpec, result: TaskResult, redactor: Redactor) -> StepEn
 
 
 def mark_skipped(run: RunContext, item: checklist.Item, strikes: int) -> bool:
-    """Mark the item `- [~]` in the run's checklist (where the agent left its line) and commit
+    """Mark the item `- [!]` in the run's checklist (where the agent left its line) and commit
     it; True when the head moved."""
     text = checklist.read(run.checklist_path)
     current = checklist.find(text, item.text)  # None: the agent rewrote the item's line

@@ -17,7 +17,7 @@ from ralph_runner.loop import limits
 
 if TYPE_CHECKING:
     from ralph_runner.loop.state import State
-    from ralph_runner.output import EventBus
+    from ralph_runner.output.bus import EventBus
 
 
 class Hold:

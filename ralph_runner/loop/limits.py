@@ -26,7 +26,8 @@ from email.utils import parsedate_to_datetime
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ralph_runner.output import shorten, span
+from ralph_runner.output.durations import span
+from ralph_runner.output.text import shorten
 
 ResetKind = Literal["epoch", "duration", "retry-after", "clock", "none"]
 EVIDENCE_CHARS = 200

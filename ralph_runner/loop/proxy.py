@@ -43,6 +43,7 @@ import io
 import json
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -296,6 +297,12 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that left (an agent killed mid-request: a death, a stop) is no error to
+        print on the operator's console; anything else is, as socketserver prints it."""
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
 
 
 class _Reads(socket.SocketIO):

@@ -14,12 +14,19 @@ from ralph_runner.deaths import log as death_log
 from ralph_runner.deaths import wiring
 from ralph_runner.deaths.log import for_plan as death_log_for
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.errors import AgentBroken, ExitCode, FatalError, GaveUp, Interrupted, Limited
+from ralph_runner.errors import (
+    AgentBrokenError,
+    ExitCode,
+    FatalError,
+    GaveUp,
+    Interrupted,
+    LimitedError,
+)
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.loop import housekeeping, lifecycle, pause, proxy, scheduler, state
 from ralph_runner.loop.context import ChecklistCounts, RunContext
-from ralph_runner.output import EventBus
+from ralph_runner.output.bus import EventBus
 from ralph_runner.process import execute, orphans
 from ralph_runner.runbook import preflight
 from ralph_runner.runbook.plan import Plan
@@ -132,10 +139,10 @@ class Runner:
             except GaveUp:
                 state.move(self.state, "gave-up")
                 raise
-            except AgentBroken:
+            except AgentBrokenError:
                 state.move(self.state, "agent-broken")
                 raise
-            except Limited:
+            except LimitedError:
                 state.move(self.state, "limited")
                 raise
             except FatalError as exc:  # e.g. a template error in a step: fix the runbook, run again

@@ -30,7 +30,13 @@ from ralph_runner.workspace.state_files import (
     read_json,
     write_json,
 )
-from ralph_runner.workspace.status_file import AgentBroken, LastDeath, LastStart, Limited, Status
+from ralph_runner.workspace.status_file import (
+    AgentBrokenStatus,
+    LastDeath,
+    LastStart,
+    LimitedStatus,
+    Status,
+)
 
 if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
@@ -92,8 +98,8 @@ class StateRecord(TypedDict, total=False):
     last_start: LastStart | None
     last_failure: LastFailure | None
     streak_skipped: list[str]
-    agent_broken: AgentBroken | None
-    limited: Limited | None
+    agent_broken: AgentBrokenStatus | None
+    limited: LimitedStatus | None
     error: str | None
 
 
@@ -117,10 +123,10 @@ class State:
     # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
     last_failure: LastFailure | None = None
     streak_skipped: list[str] = field(default_factory=list)
-    agent_broken: AgentBroken | None = None
+    agent_broken: AgentBrokenStatus | None = None
     # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7); None once
     # the wait is over or a run starts.
-    limited: Limited | None = None
+    limited: LimitedStatus | None = None
     # Why the run failed (status "failed", exit 2): the error as the console printed it; None
     # once a run starts. `ralph-run status` shows it.
     error: str | None = None

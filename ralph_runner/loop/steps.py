@@ -23,7 +23,7 @@ from ralph_runner.durable.json_value import JSONObject
 from ralph_runner.liveness.step_watch import Watch
 from ralph_runner.loop import failures, idle, proxy
 from ralph_runner.loop.iteration import Attempt, Iteration, Landing, step_entry
-from ralph_runner.output import plural
+from ralph_runner.output.text import plural
 from ralph_runner.process import execute
 from ralph_runner.runbook import tasks
 from ralph_runner.workspace.state_files import STATE_DIR
@@ -60,7 +60,7 @@ class Work:
     # -- one attempt ---------------------------------------------------------------------------
     def attempt(self, attempt: Attempt) -> None:
         """Its steps, the after-failure look, its outcome (the Iteration's); raises what ends
-        the run (GaveUp, AgentBroken, Limited, a signal's Interrupted)."""
+        the run (GaveUp, AgentBrokenError, LimitedError, a signal's Interrupted)."""
         run, st = self.run, self.run.state
         before = self.landing.prepare(attempt)
         label = None if attempt.alone else proxy.worker_label(attempt.worker)

@@ -31,7 +31,7 @@ def clean(text: str) -> str:
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:
     """`text` on one line (its whitespace runs made one space), cut at the last word boundary
-    before `limit` (with " …"), or whole when it has no boundary to cut at. Not output.shorten,
+    before `limit` (with " …"), or whole when it has no boundary to cut at. Not output.text.shorten,
     which cuts any text at a column width: a reason keeps its words whole."""
     text = " ".join(text.split())
     if len(text) <= limit:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ralph_runner import actions
 from ralph_runner.actions import LoopRuntime, TaskContext, TaskResult
 from ralph_runner.errors import FatalError
-from ralph_runner.output import step_ended
+from ralph_runner.output.text import step_ended
 from ralph_runner.process.connection import Connection
 from ralph_runner.process.execute import DEFAULT_MAX_OUTPUT, IdleWatch
 from ralph_runner.process.output_text import clean, explaining_line, one_line

@@ -49,7 +49,7 @@ class LastStart(TypedDict):
     reason: str | None  # why it could not be started
 
 
-class AgentBroken(TypedDict):
+class AgentBrokenStatus(TypedDict):
     """Why the loop stopped with exit 6: the same failure on two items (loop/failures.py)."""
 
     reason: str
@@ -58,7 +58,7 @@ class AgentBroken(TypedDict):
     skipped: list[str]  # the items skipped while the failures kept matching
 
 
-class Limited(TypedDict):
+class LimitedStatus(TypedDict):
     """The agent's usage limit the loop waits for, or the one that stopped it (exit 7)."""
 
     item: str
@@ -155,9 +155,9 @@ class Status(ChecklistFields, PauseFields):
     deaths: int
     last_death: LastDeath | None
     last_start: LastStart | None
-    agent_broken: AgentBroken | None
+    agent_broken: AgentBrokenStatus | None
     limited_until: float | None
-    limited: Limited | None
+    limited: LimitedStatus | None
     failure: str | None  # why the run failed (status "failed")
     hang_bound: HangBound | None
     updated: float  # epoch of this write

@@ -14,7 +14,9 @@ import json
 import pytest
 
 from ralph_runner import events
-from ralph_runner.output import Console, EventBus, human_line
+from ralph_runner.output.bus import EventBus
+from ralph_runner.output.console import Console
+from ralph_runner.output.lines import human_line
 
 # name: (fields always on the line, in order; fields said only when they apply)
 JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {

@@ -4,7 +4,8 @@ import io
 
 from ralph_runner import events
 from ralph_runner.durable.redaction import Redactor
-from ralph_runner.output import Console, EventBus
+from ralph_runner.output.bus import EventBus
+from ralph_runner.output.console import Console
 
 
 class Seen:
@@ -28,7 +29,7 @@ def test_followers_get_masked_events_and_a_failing_one_is_dropped():
     bus.emit(events.Done(item="second"))
     assert seen.events[0] == events.Done(item="pass ****")
     assert broken.events == [events.Done(item="pass ****")]  # dropped after its first failure
-    assert isinstance(seen.events[1], events.Warning)
+    assert isinstance(seen.events[1], events.Warned)
     assert seen.events[-1] == events.Done(item="second")
     assert "event listener" in stream.getvalue()
 

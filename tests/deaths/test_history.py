@@ -13,7 +13,8 @@ from e2e_helpers import Scenario
 from ralph_runner import events
 from ralph_runner.deaths.history import History
 from ralph_runner.durable import jsonl
-from ralph_runner.output import Console, EventBus
+from ralph_runner.output.bus import EventBus
+from ralph_runner.output.console import Console
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -26,7 +27,7 @@ def history_of(workdir: Path) -> tuple[list[dict], jsonl.Skipped]:
 
 def iteration(output: EventBus, number: int, item: str, size: int = 100) -> None:
     output.emit(
-        events.Iteration(
+        events.IterationStarted(
             iteration=number,
             item=item,
             attempts=0,

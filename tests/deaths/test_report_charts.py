@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ralph_runner.deaths import html, stats
-from ralph_runner.output import shorten
+from ralph_runner.output.text import shorten
 
 START = 1_800_000_000.0
 HANG = "probe can generate: timeout"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ralph_runner import events
 from ralph_runner.loop import failures
-from ralph_runner.output import human_line
+from ralph_runner.output.lines import human_line
 from ralph_runner.process import output_text
 
 VLLM_CPU_MEMORY = """\

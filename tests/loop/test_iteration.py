@@ -18,7 +18,8 @@ from ralph_runner import events
 from ralph_runner.errors import ExitCode
 from ralph_runner.loop.runner import Runner
 from ralph_runner.loop.state import Store
-from ralph_runner.output import Console, EventBus
+from ralph_runner.output.bus import EventBus
+from ralph_runner.output.console import Console
 from ralph_runner.runbook import plan
 from ralph_runner.workspace.status_file import Status
 
@@ -143,7 +144,9 @@ def test_quick_steps_do_not_rewrite_the_status_with_workers_either(
     attempts = len(seen.ended())  # the second may come again: its agent ticks the first item
     assert [e.outcome for e in seen.ended()].count("done") == 2
     # a few writes an attempt (its start, its agent step, its end), not one per quick step
-    assert 0 < len(writes) < attempts * quick / 2, f"{len(writes)} status writes, {attempts} attempts"
+    assert 0 < len(writes) < attempts * quick / 2, (
+        f"{len(writes)} status writes, {attempts} attempts"
+    )
 
 
 def test_each_rule_of_an_attempt_is_written_once() -> None:

@@ -12,7 +12,7 @@ import pytest
 from ralph_runner import events
 from ralph_runner.fleet.notify import Notifier
 from ralph_runner.loop import limits
-from ralph_runner.output import human_line
+from ralph_runner.output.lines import human_line
 from ralph_runner.runbook import schema
 
 NOW = 1_764_600_000.0  # 2025-12-01, a fixed "now" for every reset
@@ -267,7 +267,7 @@ def test_the_console_lines():
     def paint(colour: str, text: str) -> str:
         return text
 
-    waiting = events.Limited(
+    waiting = events.UsageLimitHit(
         item="first",
         source="claude",
         line="Claude AI usage limit reached|1764612000",
@@ -290,7 +290,7 @@ def test_the_console_lines():
 
 
 def test_the_notification():
-    limited = events.Limited(
+    limited = events.UsageLimitHit(
         item="first",
         source="codex",
         line="You’ve hit your usage limit. Try again at 3:04 PM.",

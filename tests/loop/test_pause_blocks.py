@@ -14,7 +14,7 @@ from e2e_helpers import AGENT_STEP, Scenario
 from standin_helpers import ralph, wait_for
 
 from ralph_runner import events
-from ralph_runner.output import human_line
+from ralph_runner.output.lines import human_line
 
 pytestmark = pytest.mark.timeout(120)
 
