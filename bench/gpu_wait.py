@@ -3,9 +3,9 @@
 The seed's story (docs/writing-runbooks.md, "A GPU shared through a scheduler"): the server
 dies, a background job takes 80 of the 96 GB meanwhile, and lets go a while later. The seed's
 recovery tried, waited a fixed 30 s, tried again. Each trial here runs a real loop (the e2e
-runbook on the vLLM stand-in, tests/gpu_sched_standin.py as the scheduler), stops the server
-with the other job holding its memory, and has that job release it `HOLD` s later; it measures
-from the release (the scheduler's own log) to the restart's start and to `recovered`:
+runbook on the vLLM stand-in, tests/support/gpu_sched_standin.py as the scheduler), stops the
+server with the other job holding its memory, and has that job release it `HOLD` s later; it
+measures from the release (the scheduler's own log) to the restart's start and to `recovered`:
 
 - wait: the recovery's `wait: {command: acquire ..., every: 0.5}` (the shipped example);
 - delay D: `acquire` as a plain step (refused while the job holds), `attempts: 2, delay: D`, as
@@ -31,9 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from e2e_helpers import Scenario  # noqa: E402  (the tests' helpers: the same loop, measured)
+from support.e2e import Scenario  # noqa: E402  (the tests' helpers: the same loop, measured)
 
-SCHEDULER = ROOT / "tests" / "gpu_sched_standin.py"
+SCHEDULER = ROOT / "tests" / "support" / "gpu_sched_standin.py"
 HOLD = 2.0  # s the background job keeps the memory after the server died
 MARK = 'echo "$(date +%s.%N) start the server -> 0" >> {{ sched_dir }}/calls.log'
 ACQUIRE = "{{ gpu_sched }} acquire vllm-chat 88"

@@ -77,7 +77,7 @@ def vllm_page(engines: int) -> str:
 
 
 def padded_page() -> str:
-    """tests/engine_helpers.py's /metrics with 200,000 bucket lines (about 12 MB)."""
+    """tests/liveness/engine_helpers.py's /metrics with 200,000 bucket lines (about 12 MB)."""
     head = vllm_page(1)
     buckets = [
         f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{i / 1000}"}} {i}'

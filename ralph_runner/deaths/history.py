@@ -1,9 +1,10 @@
 """The iteration history: one JSON line per iteration in `.ralph/iterations.jsonl`.
 
 It follows the run's events (a Follower of output.bus.EventBus), so the loop has no hook for it: an
-`IterationStarted` event opens a line, and the `IterationEnded` the loop emits closes it with the
-outcome the loop decided (done, death, strike, skipped, limited, paused; or how the run ended
-inside it: gave-up, interrupted, failed). `Death` events in between give the death numbers.
+`IterationStarted` event opens a line, and the `IterationEnded` the loop emits for that iteration
+closes it with the outcome the loop decided (done, death, strike, skipped, set-aside, limited,
+paused; or how the run ended inside it: gave-up, interrupted, failed); a line open when the run
+ends is `unknown`. `Death` events in between give the death numbers, to every line open.
 
 Receipts: each line also says what the iteration made and spent: `head_before`, `head_after`,
 `commit` (HEAD after, when it moved), `files_changed`, `insertions`, `deletions` (`git diff
@@ -111,20 +112,22 @@ SHORTSTAT = re.compile(r"(\d+) (file|insertion|deletion)")
 
 
 @dataclass
-class _Begun:
-    """An open line and what its receipts start from, while another iteration's is in hand."""
+class _Open:
+    """An open line and what its receipts start from, till its iteration ends."""
 
     line: Line
-    started: float
+    started: float  # monotonic
     head: str | None
-    tokens: float | None
+    tokens: float | None  # the server's prompt tokens at its start, or why not
     tokens_why: str | None
-    meter: ProxyTotals | None
+    meter: ProxyTotals | None  # the agent proxy's counters at its start (its worker's)
     worker: int | None
 
 
 class History:
-    """Writes one line per iteration of one run; a follower of the run's events."""
+    """Writes one line per iteration of one run; a follower of the run's events. One mode for
+    one worker and many: the lines open by iteration (with workers they overlap), a death goes
+    on every line open, and an iteration's own end closes its line."""
 
     def __init__(
         self,
@@ -140,87 +143,42 @@ class History:
         self.workdir = workdir  # for the receipts' HEAD and shortstat; None: no git facts
         self.report = report  # handed each receipt the proxy counted (a `receipt` event)
         self.meter = meter  # the run's agent proxy's counters; None: no proxy runs
-        self._meter_at_start: ProxyTotals | None = None
         self.machine = socket.gethostname()
-        self.open: Line | None = None
-        self._head_before: str | None = None
-        self._tokens_at_start: float | None = None
-        self._tokens_why: str | None = None
-        self._started = 0.0
-        # loop.workers > 1 (a `worker-started` seen): iterations overlap; each one's line and
-        # start facts wait here, by iteration, while another's are in hand
-        self.overlapping = False
-        self._others: dict[int, _Begun] = {}
-        self._worker_of: dict[int, int] = {}  # iteration -> its worker, till its line begins
-        self._worker: int | None = None  # the line in hand's worker: its receipt is its own
+        self.open: dict[int, _Open] = {}  # iteration -> its line, till it ends
+        self._worker_of: dict[int, int] = {}  # iteration -> its worker (loop.workers > 1)
 
     def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.WorkerStarted):
-            self.overlapping = True
             self._worker_of[event.iteration] = event.worker
-        if isinstance(event, events.IterationStarted):
-            if self.overlapping:
-                self._stash()
-            else:
-                self.close("unknown")  # a line left open: an iteration the loop abandoned
-            self._begin(event)
-            return
-        if isinstance(event, events.Death):
-            for other in self._others.values():
-                other.line["deaths"].append(event.death)
-        in_hand = self.open["iteration"] if self.open is not None else None
-        if (
-            self.overlapping
-            and isinstance(event, events.IterationEnded)
-            and (event.iteration != in_hand)
-        ):
-            if event.iteration not in self._others:
-                return
-            self._stash()
-            self._unstash(event.iteration)
-        if self.open is None:
-            return
+        elif isinstance(event, events.IterationStarted):
+            self.open[event.iteration] = self._begin(event)
         elif isinstance(event, events.Death):
-            self.open["deaths"].append(event.death)
+            for open_line in self.open.values():
+                open_line.line["deaths"].append(event.death)
         elif isinstance(event, events.IterationEnded):
+            begun = self.open.pop(event.iteration, None)
+            if begun is None:
+                return
             if event.reason is not None:
-                self.open["reason"] = event.reason
+                begun.line["reason"] = event.reason
             if event.strikes is not None:
-                self.open["strikes"] = event.strikes
+                begun.line["strikes"] = event.strikes
             if event.limit is not None:
-                self.open["limit"] = event.limit
-            self.close(event.outcome)
-
-    def _stash(self) -> None:
-        """Keep the line in hand (with its start facts) aside, by its iteration."""
-        if self.open is not None:
-            self._others[self.open["iteration"]] = _Begun(
-                self.open,
-                self._started,
-                self._head_before,
-                self._tokens_at_start,
-                self._tokens_why,
-                self._meter_at_start,
-                self._worker,
-            )
-            self.open = None
-
-    def _unstash(self, iteration: int) -> None:
-        begun = self._others.pop(iteration)
-        self.open, self._started, self._head_before = begun.line, begun.started, begun.head
-        self._tokens_at_start, self._tokens_why = begun.tokens, begun.tokens_why
-        self._meter_at_start, self._worker = begun.meter, begun.worker
+                begun.line["limit"] = event.limit
+            self._write(begun, event.outcome)
 
     def close(self, outcome: str) -> None:
-        """Write the iteration in hand with `outcome`; nothing when none is open."""
-        line, self.open = self.open, None
-        if line is None:
-            return
+        """Write every line still open with `outcome` (the run ended inside them)."""
+        for iteration in sorted(self.open):
+            self._write(self.open.pop(iteration), outcome)
+
+    def _write(self, begun: _Open, outcome: str) -> None:
+        line = begun.line
         line["outcome"] = outcome
-        line["seconds"] = round(time.monotonic() - self._started, 3)
-        line["prompt_tokens"], line["tokens_note"] = self._token_delta(bool(line["deaths"]))
-        line.update(self._git_receipt(self._head_before))
-        receipt = self._proxy_receipt()
+        line["seconds"] = round(time.monotonic() - begun.started, 3)
+        line["prompt_tokens"], line["tokens_note"] = self._token_delta(begun)
+        line.update(self._git_receipt(begun.head))
+        receipt = self._proxy_receipt(begun)
         line["receipt"] = receipt
         if receipt is None:
             line["receipt_note"] = NO_PROXY
@@ -231,14 +189,12 @@ class History:
         except OSError as exc:  # a full disk must not stop the loop; the next line may fit
             self.warn(f"iteration {line['iteration']} not written to {self.path}: {exc}")
 
-    def _begin(self, event: events.IterationStarted) -> None:
+    def _begin(self, event: events.IterationStarted) -> _Open:
         now = time.time()
-        self._started = time.monotonic()
-        self._tokens_at_start, self._tokens_why = self._read_tokens()
-        self._worker = self._worker_of.pop(event.iteration, None)
-        self._meter_at_start = self._read_meter()
-        self._head_before = self._head()
-        self.open = {
+        started = time.monotonic()
+        tokens, tokens_why = self._read_tokens()
+        worker = self._worker_of.pop(event.iteration, None)
+        line: Line = {
             "event": EVENT,
             "time": datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
             "started": round(now, 3),
@@ -252,26 +208,27 @@ class History:
             "deaths_before": event.deaths,
             "deaths": [],
         }
-        if self._worker is not None:
-            self.open["worker"] = self._worker
+        if worker is not None:
+            line["worker"] = worker
+        meter = self._read_meter(worker)
+        return _Open(line, started, self._head(), tokens, tokens_why, meter, worker)
 
     # -- receipts ------------------------------------------------------------------
-    def _read_meter(self) -> ProxyTotals | None:
+    def _read_meter(self, worker: int | None) -> ProxyTotals | None:
         if self.meter is None:
             return None
         try:
-            return self.meter(self._worker)
+            return self.meter(worker)
         except Exception as exc:  # receipts are never a reason to lose the line
             self.warn(f"the agent proxy's counters could not be read: {exc}")
             return None
 
-    def _proxy_receipt(self) -> ProxyReceipt | None:
+    def _proxy_receipt(self, begun: _Open) -> ProxyReceipt | None:
         """The iteration's own requests; None: no proxy runs (or it could not be read)."""
-        start, self._meter_at_start = self._meter_at_start, None
-        end = self._read_meter() if start is not None else None
-        if start is None or end is None:
+        end = self._read_meter(begun.worker) if begun.meter is not None else None
+        if begun.meter is None or end is None:
             return None
-        receipt: ProxyReceipt = end.minus(start).receipt()
+        receipt: ProxyReceipt = end.minus(begun.meter).receipt()
         return receipt
 
     def _head(self) -> str | None:
@@ -324,13 +281,13 @@ class History:
             return None, "no recorder: prompt tokens come from its /metrics samples"
         return self.tokens()
 
-    def _token_delta(self, died: bool) -> tuple[int | None, str | None]:
+    def _token_delta(self, begun: _Open) -> tuple[int | None, str | None]:
         """Prompt tokens the server counted during the iteration, or why there is no figure."""
-        start, why = self._tokens_at_start, self._tokens_why
+        start, why = begun.tokens, begun.tokens_why
         if start is None:
             return None, why
         restarted = "the server restarted during the iteration (its counter began again)"
-        if died:
+        if begun.line["deaths"]:
             return None, restarted
         end, why = self._read_tokens()
         if end is None:

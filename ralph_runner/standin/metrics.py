@@ -9,7 +9,7 @@ with a +Inf bucket only. Written here, not by prometheus_client, because the sta
 the standard library alone (the docker tier's image has python3 and nothing else); a test
 builds the same families with prometheus_client's collector API and compares the two texts
 (tests/standin/test_standin.py), and the shared checks parse it with prometheus_client's
-parser against the real vLLM too (tests/standin_helpers.py, `check_metrics_exposition`).
+parser against the real vLLM too (tests/support/faithful.py, `check_metrics_exposition`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import httpx
 import psutil
 import pytest
 import yaml
-from e2e_helpers import Scenario, make_workspace, runbook
-from standin_helpers import ROOT, wait_for
+from support.e2e import Scenario, make_workspace, runbook
+from support.standin import ROOT, wait_for
 
 CACHE = ROOT / ".cache"
 NODE_BIN = CACHE / "agents" / "node_modules" / ".bin"
@@ -46,7 +46,7 @@ PROMPT = "Read PLAN.md. Do exactly this item, tick it in CHECKLIST.md, commit: {
 
 def require(agent: str) -> Path:
     """The agent's binary, or the test skips naming the agent first (CI excuses a skip by what
-    its reason names before its first ": ", tests/conftest.py), then what the install said."""
+    its reason names before its first ": ", tests/support/tiers.py), then what the install said."""
     binary = BINARIES[agent]
     if not binary.exists():
         said = CACHE / "install-agents.out"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 from agent_helpers import RECIPES, AgentScenario, ended, wait_all_gone
-from standin_helpers import ROOT, START_SCRIPT, cmdline_of, wait_for
+from support.standin import ROOT, START_SCRIPT, cmdline_of, wait_for
 
 AGENTS = ["opencode", "codex", "aider"]
 # What each agent leaves in the repository besides its work (README, "Agents")
@@ -31,7 +31,7 @@ ITEM = "create hello.txt saying hello"
 SLOW = 5  # tokens per second: every answer takes seconds to stream
 SCRIPT = {"items": [{"match": "hello.txt", "files": {"hello.txt": "hello\n"}}]}
 
-# Each test drives a real agent: the tier's tests that need its install (tests/conftest.py).
+# Each test drives a real agent: the tier's tests that need its install (tests/support/tiers.py).
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(300)]
 
 MakeScenario = Callable[[str], AgentScenario]

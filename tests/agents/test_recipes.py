@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_helpers import RECIPES, agent_steps
-from e2e_helpers import make_workspace
-from standin_helpers import ROOT, python_env
+from support.e2e import make_workspace
+from support.standin import ROOT, python_env
 
 EXPECTED = {  # what each rendered step must say (README, "Agents")
     "opencode": ["opencode run --model vllm/qwen3-coder --title", "-f CHECKLIST.md --"],

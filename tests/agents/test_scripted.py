@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e_helpers import make_workspace
+from support.e2e import make_workspace
 
 from ralph_runner.standin.scripted import load_script, reply_for
 

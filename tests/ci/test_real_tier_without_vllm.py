@@ -25,9 +25,9 @@ def copy_of_the_real_tier(tmp_path: Path) -> Path:
     checkout = tmp_path / "checkout"
     (checkout / "tests").mkdir(parents=True)
     shutil.copy2(ROOT / "pyproject.toml", checkout)
-    for helper in [ROOT / "tests" / "conftest.py", *(ROOT / "tests").glob("*_helpers.py")]:
-        shutil.copy2(helper, checkout / "tests")
+    shutil.copy2(ROOT / "tests" / "conftest.py", checkout / "tests")
     ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "tests" / "support", checkout / "tests" / "support", ignore=ignore)
     shutil.copytree(ROOT / "tests" / "real", checkout / "tests" / "real", ignore=ignore)
     return checkout
 

@@ -5,9 +5,9 @@ It used to excuse a whole tier for any install failure: npm failing (opencode, c
 aider's tests too, and a tier counted as having run when only the tests that need nothing ran
 (test_real_faithful.py's `[stand-in]` halves, the agents' recipes).
 
-Each case runs in a copy of the suite's tier logic under tmp_path (tests/conftest.py, the
-helpers, tests/agents' helpers) with small tiers of its own: `tests/agents/` with one test per
-agent that needs its binary (agent_helpers.require, as test_agents_loop.py) and one that needs
+Each case runs in a copy of the suite's tier logic under tmp_path (tests/conftest.py,
+tests/support/, tests/agents' helpers) with small tiers of its own: `tests/agents/` with one test
+per agent that needs its binary (agent_helpers.require, as test_agents_loop.py) and one that needs
 nothing, `tests/real/` with a `[stand-in]` and a `[vllm]` half. The agents case runs the real
 ci/install-agents.sh (npm made to fail) and ci/run-tests.sh, whose tests/run runs that tier.
 """
@@ -67,8 +67,9 @@ def checkout_with_small_tiers(tmp_path: Path) -> Path:
     (checkout / "tests" / "real").mkdir()
     (checkout / "ci").mkdir()
     shutil.copy2(ROOT / "pyproject.toml", checkout)
-    for helper in [ROOT / "tests" / "conftest.py", *(ROOT / "tests").glob("*_helpers.py")]:
-        shutil.copy2(helper, checkout / "tests")
+    shutil.copy2(ROOT / "tests" / "conftest.py", checkout / "tests")
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "tests" / "support", checkout / "tests" / "support", ignore=ignore)
     for name in ("conftest.py", "agent_helpers.py"):
         shutil.copy2(ROOT / "tests" / "agents" / name, checkout / "tests" / "agents")
     (checkout / "tests" / "agents" / "test_agents.py").write_text(AGENTS_TIER)

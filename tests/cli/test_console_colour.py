@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from standin_helpers import python_env
+from support.standin import python_env
 
 pytestmark = pytest.mark.timeout(60)
 

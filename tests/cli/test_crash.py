@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from e2e_helpers import make_workspace
-from standin_helpers import python_env
+from support.e2e import make_workspace
+from support.standin import python_env
 
 from ralph_runner.errors import ExitCode
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import processes_in
-from standin_helpers import StandIn, python_env, wait_for
+from support.e2e import processes_in
+from support.standin import StandIn, python_env, wait_for
 
 from ralph_runner.commands.demo import MARKER
 

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from e2e_helpers import RalphRun, Scenario
-from standin_helpers import python_env, wait_for
+from support.e2e import RalphRun, Scenario
+from support.standin import python_env, wait_for
 from top_helpers import Pane
 
 pytestmark = pytest.mark.timeout(150)

@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 
 import pytest
-from standin_helpers import python_env
+from support.standin import python_env
 
 from ralph_runner import cli
 
@@ -72,7 +72,7 @@ def test_report_shows_its_output_default_and_the_epilog_names_probe_options() ->
 
 
 def test_getting_started_lists_every_command() -> None:
-    from standin_helpers import ROOT
+    from support.standin import ROOT
 
     text = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
     listing = text.split("## The commands", 1)[1].split("```", 2)[1]

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import RalphRun, Scenario
-from standin_helpers import python_env, wait_for
+from support.e2e import RalphRun, Scenario
+from support.standin import python_env, wait_for
 from top_helpers import Pane
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import RalphRun, Scenario, make_workspace, runbook
+from support.e2e import RalphRun, Scenario, make_workspace, runbook
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,7 +96,7 @@ def test_a_value_read_from_a_secret_named_environment_variable_is_masked(
 ) -> None:
     """`{{ env.WANDB_API_KEY }}` and `lookup('env', 'GITHUB_PAT')` printed in clear (issue 37):
     echoed by a step and a death's collector, in a -v run with a death, neither is anywhere."""
-    from e2e_helpers import AGENT_STEP
+    from support.e2e import AGENT_STEP
 
     monkeypatch.setenv("WANDB_API_KEY", ENV_KEY)
     monkeypatch.setenv("GITHUB_PAT", ENV_PAT)

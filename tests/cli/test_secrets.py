@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario, runbook
+from support.e2e import AGENT_STEP, RalphRun, Scenario, runbook
 
 pytestmark = pytest.mark.timeout(120)
 

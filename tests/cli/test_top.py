@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import RalphRun, Scenario
-from standin_helpers import ROOT, cmdline_of, python_env, wait_for
+from support.e2e import RalphRun, Scenario
+from support.standin import ROOT, cmdline_of, python_env, wait_for
 from top_helpers import (
     Pane,
     Rewriter,

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from sshd_helpers import MISSING_REASON, Sshd, running_sshd, sshd_available
-from standin_helpers import wait_for
+from support.sshd import MISSING_REASON, Sshd, running_sshd, sshd_available
+from support.standin import wait_for
 from top_helpers import Pane, Rewriter, iteration_of, recorded_workdir, state_of
 
 pytestmark = [

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from standin_helpers import wait_for
+from support.standin import wait_for
 
 from ralph_runner.commands import top
 from ralph_runner.commands import top_view as view

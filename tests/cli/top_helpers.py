@@ -18,8 +18,8 @@ from typing import Any
 
 import psutil
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import python_env, wait_for
+from support.e2e import AGENT_STEP, Scenario
+from support.standin import python_env, wait_for
 
 from ralph_runner.durable.files import write_atomic
 

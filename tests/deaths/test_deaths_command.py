@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from standin_helpers import python_env
+from support.standin import python_env
 
 pytestmark = pytest.mark.timeout(60)
 

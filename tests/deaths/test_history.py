@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Scenario
+from support.e2e import Scenario
 
 from ralph_runner import events
 from ralph_runner.deaths.history import History

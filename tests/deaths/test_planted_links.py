@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import python_env
+from support.e2e import AGENT_STEP, Scenario
+from support.standin import python_env
 
 from ralph_runner.fleet import metrics
 

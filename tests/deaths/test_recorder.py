@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from gpu_helpers import nvml_works
-from standin_helpers import StandIn, python_env, wait_for
+from support.e2e import Scenario
+from support.gpu import nvml_works
+from support.standin import StandIn, python_env, wait_for
 
 from ralph_runner.deaths.recorder import Recorder, Ring, Settings, parse_metrics
 from ralph_runner.durable import jsonl

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Scenario
-from standin_helpers import python_env
+from support.e2e import Scenario
+from support.standin import python_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import available, opened
-from standin_helpers import ROOT, python_env
+from support.standin import ROOT, python_env
 
 from ralph_runner.durable import jsonl
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from standin_helpers import StandIn, wait_for
+from support.standin import StandIn, wait_for
 
 from ralph_runner.deaths import signatures
 

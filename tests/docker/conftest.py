@@ -9,14 +9,10 @@ builds both), no compose. A daemon started here is stopped at the end, its conta
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
-
 from docker_helpers import (
     DOCKERD_SCRIPT,
     IMAGE,

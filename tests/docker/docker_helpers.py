@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from standin_helpers import ROOT, StandIn, free_port
+from support.standin import ROOT, StandIn, free_port
 
 IMAGE = "ralph-standin:latest"
 COMPOSE_DIR = ROOT / "runbooks" / "compose"

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from docker_helpers import ComposeService, containers, run, vllm_runbook
-from e2e_helpers import DEATH_LINE, RalphRun, collector_output, make_workspace, processes_in
-from standin_helpers import ROOT, python_env, wait_for
+from support.e2e import DEATH_LINE, RalphRun, collector_output, make_workspace, processes_in
+from support.standin import ROOT, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

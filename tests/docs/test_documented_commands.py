@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import make_workspace
+from support.e2e import make_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from standin_helpers import ROOT
+from support.standin import ROOT
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from sshd_helpers import MISSING_REASON, running_sshd, sshd_available
-from standin_helpers import ROOT, wait_for
+from support.sshd import MISSING_REASON, running_sshd, sshd_available
+from support.standin import ROOT, wait_for
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, RalphRun, make_workspace, processes_in, runbook
-from standin_helpers import START_SCRIPT, StandIn, wait_for
+from support.e2e import AGENT_STEP, RalphRun, make_workspace, processes_in, runbook
+from support.standin import START_SCRIPT, StandIn, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

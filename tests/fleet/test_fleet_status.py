@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from sshd_helpers import MISSING_REASON, running_sshd, sshd_available
+from support.e2e import Scenario
+from support.sshd import MISSING_REASON, running_sshd, sshd_available
 
 RALPH = [sys.executable, "-m", "ralph_runner"]
 pytestmark = [

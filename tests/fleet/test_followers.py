@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Scenario, make_workspace, runbook
 from prometheus_client.parser import text_string_to_metric_families
-from standin_helpers import wait_for
+from support.e2e import Scenario, make_workspace, runbook
+from support.standin import wait_for
 
 from ralph_runner.loop import pause
 

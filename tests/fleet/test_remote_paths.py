@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sshd_helpers import MISSING_REASON, running_sshd, sshd_available
-from standin_helpers import python_env
+from support.sshd import MISSING_REASON, running_sshd, sshd_available
+from support.standin import python_env
 
 pytestmark = pytest.mark.timeout(90)
 RALPH = [sys.executable, "-m", "ralph_runner"]

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from e2e_helpers import make_workspace
+from support.e2e import make_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = "ralph-run runbooks/vllm.yaml -i inventory.yaml --check"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from standin_helpers import live_children, unique_token, wait_for
+from support.standin import live_children, unique_token, wait_for
 
 from ralph_runner.process.connection import Connection, for_host
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
-from standin_helpers import ROOT, START_SCRIPT, StandIn, wait_for
+from support.e2e import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
+from support.standin import ROOT, START_SCRIPT, StandIn, wait_for
 
 from ralph_runner.liveness import recovery_lock
 from ralph_runner.plugins.prometheus_text import metric_sum

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from standin_helpers import python_env
+from support.e2e import Scenario
+from support.standin import python_env
 
 from ralph_runner.probes import ProbeContext, ProbeResult, progress, run_probe
 from ralph_runner.process.connection import for_host

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from probe_helpers import probe
 from pydantic import ValidationError
-from standin_helpers import wait_for
+from support.standin import wait_for
 
 from ralph_runner import probes
 

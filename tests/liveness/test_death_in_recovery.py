@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import make_workspace
 from engine_helpers import Engine
-from standin_helpers import START_SCRIPT, StandIn, python_env
+from support.e2e import make_workspace
+from support.standin import START_SCRIPT, StandIn, python_env
 
 from ralph_runner.liveness import recovery
 from ralph_runner.probes import ProbeResult

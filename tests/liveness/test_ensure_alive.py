@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
-from standin_helpers import ROOT, START_SCRIPT, StandIn, unique_token, wait_for
+from support.standin import ROOT, START_SCRIPT, StandIn, unique_token, wait_for
 
 from ralph_runner.liveness import diagnostics
 from ralph_runner.runbook import plan

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from standin_helpers import StandIn, wait_for
+from support.standin import StandIn, wait_for
 
 from ralph_runner.loop.proxy import Proxy
 from ralph_runner.plugins import prometheus_text

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from foreign_helpers import NEEDS_ROOT, Impostor, another_user
-from standin_helpers import free_port, python_env
+from support.foreign import NEEDS_ROOT, Impostor, another_user
+from support.standin import free_port, python_env
 
 from ralph_runner.liveness import faults, port_owner
 from ralph_runner.liveness.health import ProbeSpec

@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario, make_workspace
 from engine_helpers import Engine
-from faithful_helpers import Stream, long_request
-from standin_helpers import ROOT, cmdline_of, process_gone, python_env, wait_for
+from support.e2e import AGENT_STEP, Scenario, make_workspace
+from support.faithful import Stream, long_request
+from support.standin import ROOT, cmdline_of, process_gone, python_env, wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec

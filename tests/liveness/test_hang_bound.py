@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from faithful_helpers import Stream
-from standin_helpers import StandIn, ralph, wait_for
+from support.e2e import Scenario
+from support.faithful import Stream
+from support.standin import StandIn, ralph, wait_for
 
 from ralph_runner.loop.proxy import Proxy
 from ralph_runner.plugins import prometheus_text

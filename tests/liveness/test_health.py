@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from standin_helpers import StandIn, free_port, live_children, wait_for
+from support.standin import StandIn, free_port, live_children, wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec

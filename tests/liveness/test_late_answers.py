@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from engine_helpers import Engine
-from standin_helpers import wait_for
+from support.standin import wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import Health, ProbeSpec

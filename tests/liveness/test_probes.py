@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from gpu_helpers import nvml_works
 from probe_helpers import probe
 from pydantic import ValidationError
-from standin_helpers import StandIn, free_port
+from support.gpu import nvml_works
+from support.standin import StandIn, free_port
 
 from ralph_runner import probes
 from ralph_runner.actions import KINDS as ACTIONS

@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import pytest
 from engine_helpers import Engine
-from standin_helpers import free_port, wait_for
+from support.standin import free_port, wait_for
 
 from ralph_runner import probes
 from ralph_runner.plugins import prometheus_text

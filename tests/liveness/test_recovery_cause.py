@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import yaml
-from e2e_helpers import Scenario, runbook
+from support.e2e import Scenario, runbook
 
 VLLM_CPU_MEMORY = [
     "starting vLLM on http://127.0.0.1:8000",

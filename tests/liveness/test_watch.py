@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import RalphRun, make_workspace
-from standin_helpers import wait_for
+from support.e2e import RalphRun, make_workspace
+from support.standin import wait_for
 
 from ralph_runner import probes
 from ralph_runner.liveness.health import GRACE, Health, ProbeSpec

@@ -7,17 +7,12 @@ loops; it is killed at the end of the session and every server it ever had is ch
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# The suite's helpers (e2e_helpers, standin_helpers) live one directory up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from llamacpp_helpers import Server, tier_missing
-from standin_helpers import free_port
+from support.standin import free_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

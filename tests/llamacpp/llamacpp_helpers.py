@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import psutil
-from e2e_helpers import RalphRun, make_workspace
-from standin_helpers import cmdline_of
+from support.e2e import RalphRun, make_workspace
+from support.standin import cmdline_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache"

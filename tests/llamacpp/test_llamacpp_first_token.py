@@ -29,7 +29,7 @@ from llamacpp_helpers import (
     tokens_of,
     wait_until,
 )
-from standin_helpers import free_port
+from support.standin import free_port
 
 pytestmark = pytest.mark.timeout(600)
 DEFAULT_BATCHES = "--ctx-size 32768 --parallel 1 --threads 2"  # llama.cpp's own batch sizes

@@ -33,7 +33,7 @@ from llamacpp_helpers import (
     tokens_of,
     wait_until,
 )
-from standin_helpers import free_port
+from support.standin import free_port
 
 pytestmark = pytest.mark.timeout(600)
 

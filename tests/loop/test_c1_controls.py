@@ -8,7 +8,7 @@ import json
 import sys
 
 import pytest
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario
+from support.e2e import AGENT_STEP, RalphRun, Scenario
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import (
+from support.e2e import (
     AGENT_STEP,
     DEATH_LINE,
     ITEM_SECTION,
@@ -28,7 +28,7 @@ from e2e_helpers import (
     recovery_lines,
     report_blocks,
 )
-from standin_helpers import ROOT, StandIn, process_gone, python_env, wait_for
+from support.standin import ROOT, StandIn, process_gone, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(120)  # a loaded 2-core CI machine: recoveries take longer
 

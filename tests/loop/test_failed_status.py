@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import make_workspace
+from support.e2e import make_workspace
 
 pytestmark = pytest.mark.timeout(120)
 

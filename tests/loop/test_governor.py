@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e_helpers import Scenario
-from workers_helpers import assert_clean, in_flight_at_most, prepare, strikes
+from support.e2e import Scenario
+from support.workers import assert_clean, in_flight_at_most, prepare, strikes
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -3,9 +3,9 @@ the GPU before the first start, its `teardown:` releases it exactly once at ever
 kill -9 is reported by the next run), a death with the lock still held is mended (released,
 re-acquired, started) with no strike, and a restart waits for the GPU, not for the clock.
 
-The scheduler is tests/gpu_sched_standin.py (a lock per job with its memory, refusal while the
-others hold too much), a real process called through a `gpu-sched` script as the seed's is; its
-calls.log says who asked what, when, and in which order."""
+The scheduler is tests/support/gpu_sched_standin.py (a lock per job with its memory, refusal
+while the others hold too much), a real process called through a `gpu-sched` script as the seed's
+is; its calls.log says who asked what, when, and in which order."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import RalphRun, Scenario, make_workspace
-from gpu_helpers import nvml_works
-from standin_helpers import START_SCRIPT, python_env, wait_for
+from support.e2e import RalphRun, Scenario, make_workspace
+from support.gpu import nvml_works
+from support.standin import START_SCRIPT, python_env, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEDULER = ROOT / "tests" / "gpu_sched_standin.py"
+SCHEDULER = ROOT / "tests" / "support" / "gpu_sched_standin.py"
 RALPH = [sys.executable, "-m", "ralph_runner"]
 JOB, GB = "vllm-chat", 88  # the seed's: 88 of the GPU's 96 GB
 START_MARK = 'echo "$(date +%s.%N) start the server -> 0" >> {{ sched_dir }}/calls.log'

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario, make_workspace
-from standin_helpers import process_gone, wait_for
+from support.e2e import AGENT_STEP, Scenario, make_workspace
+from support.standin import process_gone, wait_for
 
 from ralph_runner import cli
 from ralph_runner.loop import failures, idle

@@ -12,7 +12,7 @@ import sys
 
 import psutil
 import pytest
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario, runbook
+from support.e2e import AGENT_STEP, RalphRun, Scenario, runbook
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from standin_helpers import wait_for
+from support.standin import wait_for
 from test_loop import Loop, events, of_kind
 
 from ralph_runner.loop import limits

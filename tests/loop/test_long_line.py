@@ -10,7 +10,7 @@ import json
 import sys
 
 import pytest
-from e2e_helpers import RalphRun, Scenario, runbook
+from support.e2e import RalphRun, Scenario, runbook
 
 from ralph_runner.process.output_text import CUT_MARK, LINE_CAP
 

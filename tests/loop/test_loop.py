@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from standin_helpers import process_gone, wait_for
+from support.standin import process_gone, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

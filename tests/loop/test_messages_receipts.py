@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from standin_helpers import StandIn
+from support.standin import StandIn
 
 from ralph_runner.loop.proxy import Proxy
 from ralph_runner.loop.proxy_counting import Counting

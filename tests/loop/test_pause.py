@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import ralph, wait_for
+from support.e2e import AGENT_STEP, Scenario
+from support.standin import ralph, wait_for
 
 from ralph_runner.loop import pause
 

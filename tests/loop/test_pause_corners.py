@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from standin_helpers import ralph
+from support.e2e import Scenario
+from support.standin import ralph
 
 from ralph_runner.loop import pause
 

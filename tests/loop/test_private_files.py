@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import AGENT_STEP, Scenario
-from standin_helpers import python_env
+from support.e2e import AGENT_STEP, Scenario
+from support.standin import python_env
 
 from ralph_runner.process import tree_guard
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 import pytest
-from standin_helpers import wait_for
+from support.standin import wait_for
 
 from ralph_runner.loop.proxy import Proxy
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from e2e_helpers import AGENT_STEP, Scenario
+from support.e2e import AGENT_STEP, Scenario
 
 from ralph_runner.durable import redaction
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e_helpers import Scenario, make_workspace, runbook
 from prometheus_client.parser import text_string_to_metric_families
-from standin_helpers import StandIn, free_port
+from support.e2e import Scenario, make_workspace, runbook
+from support.standin import StandIn, free_port
 
 from ralph_runner.durable import jsonl
 from ralph_runner.loop.proxy import Proxy

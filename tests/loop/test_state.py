@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from standin_helpers import alive, live_children
+from support.standin import alive, live_children
 
 from ralph_runner.errors import FatalError
 from ralph_runner.loop import state as run_state

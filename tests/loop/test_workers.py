@@ -1,7 +1,7 @@
 """`loop.workers: N`: items at once in git worktrees, against the stand-in server (real git,
 real processes): landings, conflicts retried, order, one death for all, stops and reruns.
 
-The workspace and the agent: tests/workers_helpers.py.
+The workspace and the agent: tests/support/workers.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import signal
 
 import pytest
 import yaml
-from e2e_helpers import Scenario
-from standin_helpers import ralph, wait_for
-from workers_helpers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
+from support.e2e import Scenario
+from support.standin import ralph, wait_for
+from support.workers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
 
 from ralph_runner.plugins.prometheus_text import metric_sum
 

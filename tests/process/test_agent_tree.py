@@ -19,7 +19,7 @@ import uuid
 import psutil
 import pytest
 import yaml
-from standin_helpers import alive, cmdline_of, wait_for
+from support.standin import alive, cmdline_of, wait_for
 from test_loop import Loop, marked
 
 from ralph_runner.process import execute, tree_guard_pipe

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sshd_helpers import MISSING_REASON, Sshd, running_sshd, sshd_available
+from support.sshd import MISSING_REASON, Sshd, running_sshd, sshd_available
 
 from ralph_runner.errors import FatalError
 from ralph_runner.process import connection

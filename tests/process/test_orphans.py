@@ -13,7 +13,7 @@ import sys
 
 import psutil
 import pytest
-from standin_helpers import wait_for
+from support.standin import wait_for
 
 from ralph_runner.process import execute, orphans, tree_guard
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from foreign_helpers import NEEDS_ROOT, Impostor, another_user
-from standin_helpers import free_port
+from support.foreign import NEEDS_ROOT, Impostor, another_user
+from support.standin import free_port
 
 from ralph_runner.process import listener
 

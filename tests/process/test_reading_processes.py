@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from standin_helpers import alive, cmdline_of, live_children, wait_for
+from support.standin import alive, cmdline_of, live_children, wait_for
 
 from ralph_runner.probes import process as process_probe
 from ralph_runner.process import kill

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from sshd_helpers import MISSING_REASON, running_sshd, sshd_available
+from support.sshd import MISSING_REASON, running_sshd, sshd_available
 
 RALPH = [sys.executable, "-m", "ralph_runner"]
 pytestmark = pytest.mark.skipif(not sshd_available(), reason=MISSING_REASON)

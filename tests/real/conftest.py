@@ -9,17 +9,11 @@ and every process group it ever had is checked empty.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# The suite's helpers (e2e_helpers, standin_helpers) live one directory up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from real_helpers import ENGINE_ENV, Engine, RealVllm, tier_missing
-from standin_helpers import free_port
+from support.standin import free_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from standin_helpers import cmdline_of, free_port
+from support.standin import cmdline_of, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 from real_helpers import MODEL_DIR, ROOT, SERVED_NAME, Engine, metric_sums, wait_until
-from standin_helpers import free_port
+from support.standin import free_port
 
 from ralph_runner.loop.proxy import Proxy
 

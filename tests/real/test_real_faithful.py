@@ -1,4 +1,4 @@
-"""The stand-in cannot drift from vLLM: the same behavioural checks (faithful_helpers.check_*)
+"""The stand-in cannot drift from vLLM: the same behavioural checks (support.faithful's check_*)
 run against the stand-in and against the real vLLM, each spawned as a child so its exit code
 is seen. The real engine is broken as the issue measured it: SIGSTOP / SIGCONT / kill -9 of its
 VLLM::EngineCore (of the 8-layer model, whose generations last); the stand-in through its
@@ -17,7 +17,8 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from faithful_helpers import (
+from real_helpers import SERVED_NAME, RealVllm
+from support.faithful import (
     Target,
     check_busy,
     check_chat_stream,
@@ -27,8 +28,7 @@ from faithful_helpers import (
     check_metrics_exposition,
     check_responses_stream,
 )
-from real_helpers import SERVED_NAME, RealVllm
-from standin_helpers import StandIn
+from support.standin import StandIn
 
 pytestmark = pytest.mark.timeout(600)
 

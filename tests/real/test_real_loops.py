@@ -25,8 +25,8 @@ from typing import Any
 
 import psutil
 import pytest
-from e2e_helpers import RalphRun, make_workspace
 from real_helpers import RUNBOOK, SERVED_NAME, Engine, gone, wait_until
+from support.e2e import RalphRun, make_workspace
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 

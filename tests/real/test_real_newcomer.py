@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import make_workspace
 from real_helpers import ENGINE_ENV, RUNBOOK, START_VLLM, wait_until
+from support.e2e import make_workspace
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import make_workspace
-from standin_helpers import ROOT
+from support.e2e import make_workspace
+from support.standin import ROOT
 
 RALPH = [sys.executable, "-m", "ralph_runner"]
 

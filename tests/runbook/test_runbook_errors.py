@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from e2e_helpers import make_workspace
+from support.e2e import make_workspace
 
 from ralph_runner import cli
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
-from standin_helpers import process_gone, wait_for
+from support.standin import process_gone, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from foreign_helpers import NEEDS_ROOT, Impostor, another_user
-from standin_helpers import free_port, python_env
+from support.foreign import NEEDS_ROOT, Impostor, another_user
+from support.standin import free_port, python_env
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_LOCAL = ROOT / "runbooks" / "vllm-local" / "start_vllm.sh"

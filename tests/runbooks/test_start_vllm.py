@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from standin_helpers import cmdline_of, free_port, python_env, wait_for
+from support.standin import cmdline_of, free_port, python_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 START_VLLM = ROOT / "runbooks" / "vllm-local" / "start_vllm.sh"

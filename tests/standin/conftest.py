@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from standin_helpers import StandIn
+from support.standin import StandIn
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from standin_helpers import StandIn, python_env, wait_for
+from support.standin import StandIn, python_env, wait_for
 
 
 def git(repo: Path, *args: str) -> str:

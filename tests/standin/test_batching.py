@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from faithful_helpers import Target, long_request
-from standin_helpers import StandIn, wait_for
+from support.faithful import Target, long_request
+from support.standin import StandIn, wait_for
 
 from ralph_runner.standin.batching import CURVES, BatchCurve, parse_curve
 

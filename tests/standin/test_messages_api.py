@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from standin_helpers import StandIn
+from support.standin import StandIn
 
 from ralph_runner.standin.engine import tokens_of
 

@@ -15,7 +15,16 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from faithful_helpers import (
+from httpx_sse import EventSource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from support.faithful import (
     Stream,
     Target,
     check_busy,
@@ -29,16 +38,7 @@ from faithful_helpers import (
     wait_frozen,
     wait_streaming,
 )
-from httpx_sse import EventSource
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from standin_helpers import ROOT, StandIn, process_gone, wait_for
+from support.standin import ROOT, StandIn, process_gone, wait_for
 
 from ralph_runner.standin import metrics
 from ralph_runner.standin.engine import Piece, Stats
@@ -182,7 +182,7 @@ def test_unknown_or_broken_faults_are_refused(server: StandIn) -> None:
     assert not (server.state_dir / "control.json").exists()
 
 
-# the engine, as vLLM's (the checks are shared with the real-vLLM tier: standin_helpers.py)
+# the engine, as vLLM's (the checks are shared with the real-vLLM tier: support/standin.py)
 
 ENGINE_ARGS = ("--tokens-per-second", "100")  # a 300-token generation lasts 3 s
 

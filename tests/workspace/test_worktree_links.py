@@ -18,8 +18,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Scenario
-from workers_helpers import git, prepare
+from support.e2e import Scenario
+from support.workers import git, prepare
 
 from ralph_runner.errors import FatalError
 from ralph_runner.workspace import git as workspace_git

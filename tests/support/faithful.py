@@ -20,7 +20,8 @@ import httpx
 import pytest
 from httpx_sse import ServerSentEvent, connect_sse
 from prometheus_client.parser import text_string_to_metric_families
-from standin_helpers import wait_for
+
+from support.standin import wait_for
 
 
 @dataclass

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from standin_helpers import wait_for
+
+from support.standin import wait_for
 
 NEEDS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,

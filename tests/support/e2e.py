@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 
 import psutil
 import yaml
-from standin_helpers import START_SCRIPT, StandIn, python_env, wait_for
+
+from support.standin import START_SCRIPT, StandIn, python_env, wait_for
 
 AGENT_STEP = "run the agent"
 SERVER_LOG_SECTION = "server log (last 60 lines)"
@@ -155,7 +156,7 @@ def runbook(
 class RalphRun:
     """One `ralph-run RUNBOOK --json` process; its events as they arrive, its status file."""
 
-    started: ClassVar[list[RalphRun]] = []  # killed after each test (conftest.py)
+    started: ClassVar[list[RalphRun]] = []  # killed after each test (support/fixtures.py)
 
     def __init__(self, command: list[str], cwd: Path) -> None:
         RalphRun.started.append(self)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e_helpers import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
+
+from support.e2e import AGENT_STEP, RalphRun, Scenario, make_workspace, runbook
 
 WORK = r"""#!/bin/bash
 # $1: the item's text. Its first word says what to do.
@@ -44,7 +45,7 @@ def prepare(
 ) -> Scenario:
     """The workspace (with shared.txt), a runbook with `workers` whose agent is WORK; `loop`:
     more of its loop section; `standin`: the stand-in's start settings (MAX_NUM_SEQS...);
-    `watch`, `engine_probe`: as e2e_helpers.runbook's; `changes`: top-level runbook sections
+    `watch`, `engine_probe`: as support.e2e.runbook's; `changes`: top-level runbook sections
     (checklist, limits)."""
     work = scenario.root / "work.sh"
     work.write_text(WORK)

@@ -29,9 +29,9 @@ import httpx
 import psutil
 
 if TYPE_CHECKING:
-    from faithful_helpers import Target
+    from support.faithful import Target
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 START_SCRIPT = ROOT / "ralph_runner" / "standin" / "start_server.sh"
 MODEL = "stand-in"
 T = TypeVar("T")
@@ -182,7 +182,7 @@ class StandIn:
     ) -> Target:
         """This stand-in as a Target for the shared checks, broken through its admin endpoint;
         its exit code is the child's (spawn) or else the exit marker's."""
-        from faithful_helpers import Target  # it imports this module
+        from support.faithful import Target  # it imports this module
 
         def exit_code(timeout: float) -> int | None:
             if child is None:
