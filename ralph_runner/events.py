@@ -1,13 +1,12 @@
 """The run's events: one frozen dataclass per kind, and their `--json` shape.
 
-The loop, the service's death path, the pause and the fleet say what happens by emitting these
-(output.bus.EventBus); the console, the iteration history, the metrics textfile, the notifier and
-the pause control follow them, each by the class of the event. Each class knows its `--json`
-name (`NAME`, the `event` of the line) and its fields: the dataclass fields in order, a field
-with OMITTED metadata left out while it holds that value (users parse these lines: a name or a
-field is never renamed). `host` is set on the events a fleet run hands on from a host's loop,
-and comes last on the line. `from_json` turns a line back into its event; a kind this ralph-run
-does not know (a newer remote's) becomes an `Unknown` that carries its fields as they are.
+The loop, the service's death path, the pause and the fleet emit these (output.bus.EventBus);
+the console, the history, the metrics textfile and the notifier follow them by class. Each
+class knows its `--json` name (`NAME`) and its fields: the dataclass fields in order, one with
+OMITTED metadata left out while it holds that value (users parse these lines: a name or a field
+is never renamed). `host` is set on the events a fleet run hands on from a host's loop, last on
+the line. `from_json` turns a line back into its event; a kind this ralph-run does not know (a
+newer remote's) becomes an `Unknown` that carries its fields as they are.
 """
 
 from __future__ import annotations
@@ -166,6 +165,18 @@ class Skip(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ItemSetAside(Event):
+    """The cause of `deaths` deaths in a row (loop/blame.py): `- [!]`, and the run goes on."""
+
+    NAME = "item-set-aside"
+    item: str
+    deaths: int
+    signature: str | None  # its deaths' most common signature
+    prompt_size: int  # its prompt's characters, the last time it was sent
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentFoundBroken(Event):
     NAME = "agent-broken"
     item: str
@@ -210,8 +221,8 @@ class LimitFacts(TypedDict):
 
 
 Outcome = Literal[
-    "done", "death", "strike", "skipped", "limited", "paused", "unknown", "conflict", "deferred",
-    "gave-up", "interrupted", "failed",
+    "done", "death", "strike", "skipped", "set-aside", "limited", "paused", "unknown", "conflict",
+    "deferred", "gave-up", "interrupted", "failed",
 ]  # fmt: skip
 """How an iteration ended; the last three: the run ended inside it, and how. With workers:
 `conflict` (its landing conflicted: retried on the new head) and `deferred` (it failed while an
@@ -312,6 +323,7 @@ class Summary(Event):
     deaths: int
     signatures: dict[str, int]  # this run's deaths by signature, most common first
     seconds: float
+    set_aside: int = field(default=0, metadata={OMITTED: 0})  # items its deaths set aside
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -554,16 +566,8 @@ class FleetSummary(Event):
 
 
 KINDS: dict[str, type[Event]] = {
-    kind.NAME: kind
-    for kind in (
-        Resume, IterationStarted, Step, StepDone, Watch, Output, Done, Retry, Strike, Skip,
-        AgentFoundBroken, UsageLimitHit, LimitedWait, IterationEnded, Interrupted, Summary, Warned,
-        Death, Capture, Report, Start, Started, RecoveryWait, RecoveryStep, RecoveryFailed,
-        Recovery, Recorder, Receipt, PauseRequested, Paused, Resumed, PauseStep, ResumeStep,
-        PauseSteps, ResumeSteps, BlockStep, BlockSteps, Fleet, HostDone, HostSays, FleetSummary,
-        WorkerStarted, WorkerLanded, WorkerConflict, WorkerRetry, Governed,
-    )
-}  # fmt: skip
+    kind.NAME: kind for kind in Event.__subclasses__() if kind is not Unknown
+}
 """Every event class by its --json name."""
 
 

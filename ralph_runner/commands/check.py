@@ -224,9 +224,9 @@ def _iteration_vars(p: plan.Plan, read: bool = True) -> dict[str, object]:
     text = checklist.read(path) if read and checklist.present(path) else ""
     item = checklist.next_todo(text)
     item_vars = (
-        {"text": item.text, "line": item.line, "index": item.index, "attempts": 0}
+        {"text": item.text, "line": item.line, "index": item.index, "attempts": 0, "deaths": 0}
         if item
-        else {"text": "<next checklist item>", "line": 0, "index": 0, "attempts": 0}
+        else {"text": "<next checklist item>", "line": 0, "index": 0, "attempts": 0, "deaths": 0}
     )
     return {
         **p.variables,

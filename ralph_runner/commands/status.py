@@ -119,6 +119,9 @@ def human_lines(status: CheckedStatus) -> list[str]:
     lines.extend(_pause(status["pause"]) if status["running"] else _pause_left(status))
     if status["failure"]:  # why the run failed (exit 2): what its console said
         lines.append(f"error:      {status['failure']}")
+    if aside := status.get("set_aside"):  # items whose prompts killed the server
+        names = ", ".join(repr(i) for i in aside)
+        lines.append(f"set aside:  {len(aside)}, the cause of their deaths: {names}")
     lines.extend(_agent_broken(status["agent_broken"]))
     lines.extend(_limited(status["limited"]))
     lines.extend(_hang_bound(status["hang_bound"]) if status["running"] else [])

@@ -141,6 +141,17 @@ class Throughput(Tokens):
     too_little: str | None
 
 
+class ItemDeaths(TypedDict):
+    """The deaths one item was in flight at (its death records' `item`), and its attempts."""
+
+    item: str
+    deaths: int
+    alone: int  # of them with it alone in flight (the records' `blame`, loop/blame.py)
+    attempts: int  # its lines in the history
+    set_aside: bool  # a death record says its deaths set it aside
+    largest_prompt: int | None  # characters, the largest it was sent with at a death
+
+
 class Answers(TypedDict):
     """Every answer (`ralph-run deaths --json`, less its `deaths`)."""
 
@@ -155,6 +166,7 @@ class Answers(TypedDict):
     between_deaths: BetweenDeaths
     recovery: Recovery
     prompt_size: PromptSize
+    by_item: list[ItemDeaths]  # most deaths first
     throughput: Throughput
 
 

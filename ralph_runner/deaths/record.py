@@ -24,6 +24,7 @@ class ItemEntry(TypedDict, total=False):
     line: int
     index: int
     attempts: int
+    deaths: int  # deaths in a row with it alone in flight (loop/blame.py)
 
 
 class StepEntry(TypedDict, total=False):
@@ -99,6 +100,17 @@ class DuringRecovery(TypedDict, total=False):
     death: int
 
 
+class Blame(TypedDict):
+    """Which items were in flight at a death (their prompts sent), and whether it counts
+    against one of them (loop/blame.py): `item` when it was alone, with its `deaths` in a row;
+    `set_aside` when that makes it the cause."""
+
+    in_flight: list[str]
+    item: str | None
+    deaths: int
+    set_aside: bool
+
+
 class DeathRecord(TypedDict, total=False):
     """`event: death` (or `diagnose`: the same capture on request, never written)."""
 
@@ -126,6 +138,7 @@ class DeathRecord(TypedDict, total=False):
     recorder: JSONObject  # the flight recorder's window (deaths/recorder.py)
     signature: str
     signature_from: SignatureFrom
+    blame: Blame  # the items in flight (a death with none has no blame)
 
 
 class Outcome(TypedDict, total=False):

@@ -28,6 +28,7 @@ from ralph_runner.deaths.answers import (
     Cluster,
     DeathsOnHost,
     ItemCost,
+    ItemDeaths,
     PromptSize,
     Recovery,
     SignatureRow,
@@ -84,6 +85,12 @@ class Death:
     def prompt_chars(self) -> int | None:
         value = self.record.get("prompt_size")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def item(self) -> str | None:
+        """The item in hand at the death (None: between items)."""
+        entry = self.record.get("item")
+        return entry.get("text") if isinstance(entry, dict) else None
 
     @cached_property
     def signature(self) -> str:
@@ -235,6 +242,7 @@ def tables(data: Data) -> Answers:
         "between_deaths": between_deaths(deaths, data.iterations),
         "recovery": recovery(recovered, failed),
         "prompt_size": prompt_buckets(deaths, data.iterations),
+        "by_item": by_item(deaths, data.iterations),
         "throughput": throughput(data.iterations),
     }
 
@@ -476,6 +484,35 @@ def cluster(ran: list[int], died: list[int], width: int, count: int) -> tuple[Cl
                 "rate_below": below,
             }
     return best, enough
+
+
+def by_item(deaths: list[Death], iterations: list[JSONObject]) -> list[ItemDeaths]:
+    """Deaths by the item in hand, most first: which items the server died with, how often
+    alone, and whether their deaths set them aside (docs: deaths)."""
+    attempts = Counter(str(line.get("item")) for line in iterations)
+    rows: dict[str, ItemDeaths] = {}
+    for death in deaths:
+        if death.item is None:
+            continue
+        row = rows.setdefault(
+            death.item,
+            {
+                "item": death.item,
+                "deaths": 0,
+                "alone": 0,
+                "attempts": attempts[death.item],
+                "set_aside": False,
+                "largest_prompt": None,
+            },
+        )
+        row["deaths"] += 1
+        blame = death.record.get("blame")
+        if blame and blame.get("item") == death.item:
+            row["alone"] += 1
+            row["set_aside"] = row["set_aside"] or bool(blame.get("set_aside"))
+        if death.prompt_chars is not None:
+            row["largest_prompt"] = max(row["largest_prompt"] or 0, death.prompt_chars)
+    return sorted(rows.values(), key=lambda row: -row["deaths"])
 
 
 def _count(value: JSON) -> TypeGuard[int]:

@@ -14,6 +14,7 @@ from ralph_runner.deaths.answers import (
     BetweenDeaths,
     DeathRow,
     DeathsOnHost,
+    ItemDeaths,
     PromptSize,
     Recovery,
     Throughput,
@@ -104,6 +105,8 @@ def text(answers: Answers, data: stats.Data) -> list[str]:
         recovery_line(answers["recovery"]),
         "",
         *prompt_lines(answers["prompt_size"]),
+        "",
+        *item_lines(answers["by_item"]),
         "",
         *throughput_lines(answers["throughput"]),
         "",
@@ -257,6 +260,25 @@ def prompt_lines(prompt: PromptSize) -> list[str]:
     if prompt["too_little"]:
         lines.append(f"too little data: {prompt['too_little']}")
     return lines
+
+
+def item_lines(rows: list[ItemDeaths]) -> list[str]:
+    """The items the server died with, most deaths first (ITEMS_SHOWN of them)."""
+    if not rows:
+        return ["by item: no death had an item in hand"]
+    shown = [
+        [
+            str(row["deaths"]),
+            str(row["alone"]),
+            str(row["attempts"]),
+            "?" if row["largest_prompt"] is None else f"{row['largest_prompt']:,}",
+            "set aside" if row["set_aside"] else "",
+            shorten(row["item"], 60),
+        ]
+        for row in rows[:ITEMS_SHOWN]
+    ]
+    header = ["deaths", "alone", "attempts", "prompt", "", "item"]
+    return ["deaths by item (alone: the only item in flight)", *table(header, shown)]
 
 
 def each_death(deaths: list[stats.Death]) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ralph_runner import events
 from ralph_runner.deaths.log import DeathLog
-from ralph_runner.deaths.record import DeathRecord, DuringRecovery, Facts, Known, Outcome
+from ralph_runner.deaths.record import Blame, DeathRecord, DuringRecovery, Facts, Known, Outcome
 from ralph_runner.deaths.wiring import Session
 from ralph_runner.errors import GaveUp
 from ralph_runner.liveness import diagnostics, faults, port_owner, recovery, recovery_lock
@@ -58,8 +58,9 @@ class DeathControl(Protocol):
     """What the loop must do at a death, called by the service itself: a follower of the run's
     events that raises is dropped, and a control path must not be droppable."""
 
-    def dying(self) -> None:
-        """Said, not yet captured: stop the work in flight, start none until it is recovered."""
+    def dying(self) -> Blame | None:
+        """Said, not yet captured: stop the work in flight, start none until it is recovered;
+        the items that were in flight, for the record (None: none was)."""
 
     def signed(self, death: int, signature: str | None) -> None:
         """Recorded, with its signature (a KV-cache pressure death sheds a worker)."""
@@ -68,8 +69,8 @@ class DeathControl(Protocol):
 class NoControl:
     """A service outside a loop (`ralph-run probe`, a fleet's check): nothing to stop."""
 
-    def dying(self) -> None:
-        pass
+    def dying(self) -> Blame | None:
+        return None
 
     def signed(self, death: int, signature: str | None) -> None:
         pass
@@ -190,7 +191,7 @@ class Service:
         }
         self.save()
         self.emit(events.Death(death=number, phase=phase, reason=evidence, fault=fault_class))
-        self.control.dying()
+        blame = self.control.dying()
         death = recovery.death_of(number, phase, iso_time(now), results, fault_class)
         variables = {**facts.get("variables", {}), "phase": phase, "deaths": number, "death": death}
         group = diagnostics.group_for(self.plan)
@@ -222,6 +223,7 @@ class Service:
             "collectors": collected,
             "capture_seconds": round(time.monotonic() - started, 3),
             **({"during_recovery": during} if during else {}),
+            **({"blame": blame} if blame else {}),
         }
         record.update(self.session.at_death(record))  # recorder window, signature
         unwritten = self.death_log.write_death(record)

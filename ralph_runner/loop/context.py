@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ralph_runner.durable.redaction import Redactor
     from ralph_runner.liveness.health import Health
     from ralph_runner.liveness.service import Service
+    from ralph_runner.loop.blame import Blame
     from ralph_runner.loop.proxy import Proxy
     from ralph_runner.loop.state import State, Store
     from ralph_runner.output.bus import EventBus
@@ -74,6 +75,7 @@ class RunContext:
     service: Service
     save: Callable[[], None]
     save_status: Callable[[], None]
+    blame: Blame  # deaths an item causes (loop/blame.py), over the state's counts
     # The state's counters and the checklist, read and written together by workers' threads
     # (the scheduler waits on it); held for moments, never over a step or a landing.
     lock: threading.RLock = field(default_factory=threading.RLock)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from ralph_runner.deaths.record import ItemEntry, StepEntry
 from ralph_runner.errors import AgentBrokenError, ExitCode, GaveUp, Interrupted, LimitedError
 from ralph_runner.loop import failures, limits
 from ralph_runner.loop.failures import Failure
+from ralph_runner.output.text import shorten
 from ralph_runner.process import output_text
 from ralph_runner.workspace import checklist, git, worktrees
 
@@ -59,6 +61,7 @@ class Attempt:
     phase: str | None = "starting"
     iteration: Iteration | None = None
     agent_step: str | None = None  # the process step running now: what --now and a death kill
+    sent: bool = False  # a process step (the agent: its prompt) has started: in flight
     step_cancel: threading.Event | None = None  # the running step's cancel
     paused: bool = False  # `pause --now` killed its step: no outcome, the item comes again
     killed: threading.Event = field(default_factory=threading.Event)  # the run is stopping
@@ -131,6 +134,9 @@ class Landing(Protocol):
     def clean(self) -> list[str]: ...
 
 
+SUBJECT = 60  # an item's characters in the subject of the loop's own commits (skip, set aside)
+
+
 class Iteration:
     """One attempt at its item; `before` is the work tree when it began (None: no repository)."""
 
@@ -155,6 +161,7 @@ class Iteration:
             "line": item.line,
             "index": item.index,
             "attempts": self.attempts,
+            "deaths": run.blame.deaths_of(item.text),  # a runbook may send less on a retry
         }
         self.counts: checklist.Counts | None = None  # the checklist when it began
         self.prompt = ""
@@ -251,6 +258,8 @@ class Iteration:
                 self.end("conflict", reason=landed.reason)
             else:
                 self._strike(landed.reason, landed.tail)
+        elif self.died() and run.blame.guilty(item.text):
+            self._set_aside()
         elif self.died():
             run.bus.emit(events.Retry(item=item.text, reason=failed["reason"]))
             landing.retried(attempt, "the service died", waits=False)
@@ -266,6 +275,8 @@ class Iteration:
             self.charge(failure)  # the broken-agent rule: AgentBrokenError ends the run
             self._strike(failure.reason, failure.output_tail)
         with run.lock:
+            if not self.died():
+                run.blame.cleared(item.text)  # it was in flight and the server lived
             if attempt.alone and self.outcome != "limited":  # a limit's item is held, in hand
                 st.current_item = None
         landing.ended(attempt, self)
@@ -313,13 +324,45 @@ class Iteration:
         outcome: events.Outcome = "strike"
         if strikes >= most:
             with self.landing.lock, run.lock:  # no landing moves the head meanwhile
-                self.head_moved = mark_skipped(run, item, strikes)
+                message = f"skip: {shorten(item.text, SUBJECT)} ({strikes} failures)"
+                self.head_moved = mark_skipped(run, item, message)
                 st.strikes.pop(item.text, None)
             run.bus.emit(events.Skip(item=item.text, strikes=strikes))
             with run.lock:
                 st.streak_skipped.append(item.text)  # AgentFoundBroken names the items skipped
             outcome = "skipped"
         self.end(outcome, reason=reason, strikes=strikes)
+
+    def _set_aside(self) -> None:
+        """The cause of its deaths (loop/blame.py): `- [!]`, committed, no strike, and the run
+        goes on; its reason says its deaths, their signature and its prompt's size."""
+        run, st, item = self.run, self.run.state, self.item
+        deaths = run.blame.deaths_of(item.text)
+        recent = run.service.signatures[-deaths:]
+        signature = Counter(recent).most_common(1)[0][0] if recent else None
+        reason = (
+            f"the server died {deaths} times in a row with only this item in flight"
+            f" ({signature or 'no signature'}; its prompt {len(self.prompt)} characters)"
+        )
+        with self.landing.lock, run.lock:  # no landing moves the head meanwhile
+            message = f"set aside: {shorten(item.text, SUBJECT)} ({deaths} deaths in a row)"
+            self.head_moved = mark_skipped(run, item, message)
+            st.strikes.pop(item.text, None)
+            st.set_aside.append(item.text)
+            run.blame.set_aside(item.text)
+            # its deaths were the last ones (in a row: no other death came between them), and
+            # their cause is gone: they leave the crash-loop window
+            del st.death_times[-deaths:]
+        run.bus.emit(
+            events.ItemSetAside(
+                item=item.text,
+                deaths=deaths,
+                signature=signature,
+                prompt_size=len(self.prompt),
+                reason=reason,
+            )
+        )
+        self.end("set-aside", reason=reason)
 
     def failure(self, failed: StepEntry) -> Failure:
         """The attempt as the broken-agent rule compares it (see failures.py)."""
@@ -473,7 +516,7 @@ def step_entry(spec: TaskSpec, result: TaskResult, redactor: Redactor) -> StepEn
     }
 
 
-def mark_skipped(run: RunContext, item: checklist.Item, strikes: int) -> bool:
+def mark_skipped(run: RunContext, item: checklist.Item, message: str) -> bool:
     """Mark the item `- [!]` in the run's checklist (where the agent left its line) and commit
     it; True when the head moved."""
     text = checklist.read(run.checklist_path)
@@ -482,7 +525,6 @@ def mark_skipped(run: RunContext, item: checklist.Item, strikes: int) -> bool:
     if current is not None:
         checklist.write(run.checklist_path, checklist.mark(text, current, checklist.SKIPPED))
         if run.in_repo:
-            message = f"skip: {item.text} ({strikes} failures)"
             git.commit_paths(run.plan.workdir, message, run.checklist_path)
             moved = True
     run.counts.forget()

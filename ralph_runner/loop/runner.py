@@ -25,6 +25,7 @@ from ralph_runner.errors import (
 from ralph_runner.liveness.health import for_plan as health_for
 from ralph_runner.liveness.service import Service
 from ralph_runner.loop import housekeeping, lifecycle, pause, proxy, scheduler, state
+from ralph_runner.loop.blame import Blame
 from ralph_runner.loop.context import ChecklistCounts, RunContext
 from ralph_runner.output.bus import EventBus
 from ralph_runner.process import execute, orphans
@@ -56,6 +57,7 @@ class Runner:
         self.counts = ChecklistCounts(plan.path(("checklist", "path"), self.model.checklist.path))
         self.stop = threading.Event()
         self.state = state.State()
+        self.blame = Blame(self.model.checklist.set_aside_after, {}, [])
         self.started = time.monotonic()
         self.redactor = Redactor(plan.secret_values())
         self.ignore = _housekeeping_patterns(plan)
@@ -91,6 +93,9 @@ class Runner:
             ) as session,
         ):
             self.state = self._resume()
+            self.blame = Blame(
+                self.model.checklist.set_aside_after, self.state.item_deaths, self.state.suspects
+            )
             death_log = death_log_for(self.plan)
             git.exclude_from_git(
                 self.plan.workdir,
@@ -120,6 +125,7 @@ class Runner:
                 service=service,
                 save=self.save,
                 save_status=lambda: self.save(status_only=True),
+                blame=self.blame,
             )
             self.pause = pause.Pause(run)
             self.bus.follow(self.pause)  # the step's start, for status.json
@@ -253,6 +259,8 @@ class Runner:
                 status["governor"] = self.scheduler.governor.fields()
         if self.lifecycle is not None and (blocks := self.lifecycle.fields()) is not None:
             status["lifecycle"] = blocks
+        if st.set_aside:
+            status["set_aside"] = list(st.set_aside)
         if counts is not None:  # none: the checklist was never read
             status["done"], status["todo"], status["skipped"] = (
                 counts.done,
@@ -288,6 +296,7 @@ class Runner:
                 deaths=self.state.deaths,
                 signatures=dict(signatures),
                 seconds=round(time.monotonic() - self.started, 1),
+                set_aside=self.blame.this_run,
             )
         )
 

@@ -30,6 +30,7 @@ from ralph_runner.workspace.status_file import Worker
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ralph_runner.deaths.record import Blame as Blamed
     from ralph_runner.loop.context import RunContext
     from ralph_runner.runbook.plan import Plan
 
@@ -171,7 +172,17 @@ class Scheduler:
 
     def _next(self, todo: list[checklist.Item]) -> checklist.Item | None:
         """The first item not in flight whose turn it is: a waiting one only once every item
-        before it is settled."""
+        before it is settled. While items are suspected of a death (loop/blame.py), one of
+        them alone, nothing beside it."""
+        suspects = self.run.blame.suspects
+        if suspects:
+            if self.attempts:
+                return None
+            found = next((item for item in todo if item.text in suspects), None)
+            if found is not None:
+                self.waiting.discard(found.text)
+                return found
+            suspects.clear()  # none of them is left to do (done or marked by hand)
         busy = {a.item.text for a in self.attempts.values()}
         for item in todo:
             if item.text in busy:
@@ -224,13 +235,16 @@ class Scheduler:
                 self.run.save()
 
     # -- a death (the service calls these itself: a follower of the events may be dropped) --
-    def dying(self) -> None:
-        """Before the capture: start nothing until the recovery is over, and kill the agent
-        steps in flight (each item is retried, no strike)."""
+    def dying(self) -> Blamed | None:
+        """Before the capture: start nothing until the recovery is over, kill the agent steps
+        in flight (each item is retried, no strike), and count the death against the items
+        whose prompts were in flight (loop/blame.py): what the death record says of them."""
         with self.changed:
             self.recovering = True
             for attempt in self.attempts.values():
                 attempt.kill_step()
+            in_flight = [a.item.text for a in self.attempts.values() if a.sent]
+            return self.run.blame.death(in_flight)
 
     def signed(self, death: int, signature: str | None) -> None:
         """After the record: a signature that points at KV-cache pressure sheds a worker."""

@@ -98,6 +98,9 @@ class StateRecord(TypedDict, total=False):
     last_start: LastStart | None
     last_failure: LastFailure | None
     streak_skipped: list[str]
+    item_deaths: dict[str, int]
+    suspects: list[str]
+    set_aside: list[str]
     agent_broken: AgentBrokenStatus | None
     limited: LimitedStatus | None
     error: str | None
@@ -123,6 +126,11 @@ class State:
     # failures kept matching, and why the loop stopped with exit 6 (None once a run starts).
     last_failure: LastFailure | None = None
     streak_skipped: list[str] = field(default_factory=list)
+    # Deaths an item causes (loop/blame.py): deaths in a row with each item alone in flight,
+    # the items in flight together at a death (run one at a time), the items set aside
+    item_deaths: dict[str, int] = field(default_factory=dict)
+    suspects: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
     agent_broken: AgentBrokenStatus | None = None
     # A usage limit (limits.py) waited for, or the one that stopped the run (exit 7); None once
     # the wait is over or a run starts.
@@ -147,6 +155,9 @@ class State:
             "last_start": self.last_start,
             "last_failure": self.last_failure,
             "streak_skipped": list(self.streak_skipped),
+            "item_deaths": dict(self.item_deaths),
+            "suspects": list(self.suspects),
+            "set_aside": list(self.set_aside),
             "agent_broken": self.agent_broken,
             "limited": self.limited,
             "error": self.error,

@@ -134,6 +134,7 @@ class Work:
             with self.run.lock:
                 attempt.step_cancel = watch.cancel
                 attempt.agent_step = spec.name if watched else None
+                attempt.sent = attempt.sent or watched
                 if attempt.killed.is_set():
                     watch.cancel.set()
             try:

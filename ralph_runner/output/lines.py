@@ -100,6 +100,10 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             )
         case events.Skip():
             return p("red", f"  skipped after {e.strikes} failures: {e.item}")
+        case events.ItemSetAside():
+            return p("red", f"  set aside (- [!]): {e.item}: {e.reason}") + p(
+                "dim", "; the run goes on ('- [ ]' tries it again)"
+            )
         case events.AgentFoundBroken():
             skipped = (
                 "; skipped meanwhile: " + ", ".join(repr(i) for i in e.skipped)
@@ -197,7 +201,8 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             return p(
                 "bold",
                 f"{how}{e.iterations} iterations, {e.done} done, {e.todo} todo, "
-                f"{e.skipped} skipped, {e.deaths} deaths, {e.seconds:.1f}s",
+                f"{e.skipped} skipped{f' ({e.set_aside} set aside)' if e.set_aside else ''}, "
+                f"{e.deaths} deaths, {e.seconds:.1f}s",
             ) + "".join(
                 p("dim", f"\n  {count} x {signature}") for signature, count in e.signatures.items()
             )

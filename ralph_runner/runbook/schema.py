@@ -175,6 +175,9 @@ class Checklist(Model):
     path: str = "CHECKLIST.md"  # the Markdown task list (`- [ ]` items), relative to the workdir
     # failed attempts (with no death) after which an item is marked `[!]` and skipped
     strikes: PositiveInt = 3
+    # deaths in a row with the item alone in flight after which it is the cause: set aside
+    # (`[!]`) and the run goes on (docs: deaths); 0: a death never sets an item aside
+    set_aside_after: NonNegativeInt = 2
 
 
 class Health(Model):

@@ -40,6 +40,7 @@ class Options:
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     script: Path | None = None
     batch_curve: BatchCurve | None = None  # a GPU's step time by batch (batching.py)
+    faults: FaultSettings | None = None  # set at every start (`--faults`): a server born broken
 
 
 class StandInServer(ThreadingHTTPServer):
@@ -73,6 +74,8 @@ class StandInServer(ThreadingHTTPServer):
         self._worker_timer: threading.Timer | None = None
         self._dying = threading.Lock()
         self._control_lock = threading.Lock()
+        if options.faults:
+            self.apply(options.faults)
 
     def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
         """One log line, not a traceback, for a client that went away mid-answer."""
@@ -87,6 +90,7 @@ class StandInServer(ThreadingHTTPServer):
             f.die_now = faults.get("die", f.die_now)
             f.die_countdown = faults.get("die_at_request", f.die_countdown)
             f.die_on_prompt_chars = faults.get("die_on_prompt_chars", f.die_on_prompt_chars)
+            f.generations_to_death = faults.get("die_at_generation", f.generations_to_death)
             f.slow_once = faults.get("slow_once", f.slow_once)
             if "rate_limit" in faults:
                 f.rate_limited_until = time.monotonic() + (faults["rate_limit"] or 0.0)
@@ -178,7 +182,18 @@ class StandInServer(ThreadingHTTPServer):
         return None
 
     def prompt_kills(self, prompt_chars: int) -> bool:
-        """die_on_prompt_chars: this prompt is the one the KV-cache manager cannot place."""
+        """die_on_prompt_chars: this prompt is the one the KV-cache manager cannot place;
+        die_at_generation: this generation is the one that kills the engine, whatever its
+        prompt."""
+        with self.lock:
+            f = self.faults
+            counted = f.generations_to_death > 0
+            if counted:
+                f.generations_to_death -= 1
+            due = counted and f.generations_to_death == 0
+        if due:
+            self.kill_engine("die_at_generation", self.log.engine_core_exited)
+            return True
         limit = self.faults.die_on_prompt_chars
         if not limit or prompt_chars <= limit:
             return False

@@ -52,6 +52,8 @@ die                    (the stand-in's first    the request answers 500, exit 0 
                        death)
 die_at_request N       (as die)                 on the N-th API request from now (admin requests do
                                                 not count)
+die_at_generation N    an engine that dies      the N-th generation from now kills the engine (as
+                       whatever the prompt      die_on_prompt_chars, whatever its prompt)
 hang                   a wedged API server      every endpoint, /health too, never answers (until
                                                 resume)
 dead_503               a dead engine behind an  every API route answers 503, the process stays up
@@ -84,6 +86,7 @@ FAULTS: dict[str, tuple[type, str]] = {  # key -> (value type, one line; the tab
     "sleep": (bool, "the engine sleeps (sleep mode): engine_sleep_state 1, nothing served"),
     "die": (bool, "die at once: the request answers 500, the process exits 0"),
     "die_at_request": (int, "as die, on the N-th API request from now"),
+    "die_at_generation": (int, "the N-th generation from now kills the engine, any prompt"),
     "hang": (bool, "accept connections but never answer an API request, /health included"),
     "dead_503": (bool, "the engine is dead: every API route answers 503, the process stays up"),
     "slow_once": (float, "the next API request answers after this many seconds"),
@@ -108,6 +111,7 @@ class FaultSettings(TypedDict, total=False):
     sleep: bool
     die: bool
     die_at_request: int
+    die_at_generation: int
     hang: bool
     dead_503: bool
     slow_once: float
@@ -121,6 +125,7 @@ class Faults:
     die_now: bool = False
     die_countdown: int = 0  # 0 = off
     die_on_prompt_chars: int = 0  # 0 = off
+    generations_to_death: int = 0  # die_at_generation's countdown; 0 = off
     hang: bool = False
     dead: bool = False
     slow_once: float = 0.0

@@ -24,6 +24,7 @@ line and the process's life) serves it through its parts:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
@@ -41,6 +42,7 @@ from ralph_runner.standin.api_server import (
 )
 from ralph_runner.standin.batching import CURVES, parse_curve
 from ralph_runner.standin.engine import KV_CACHE_TOKENS
+from ralph_runner.standin.faults import FaultSettings, parse_faults
 from ralph_runner.standin.handler import Handler
 from ralph_runner.standin.vllm_log import VllmLog
 
@@ -75,6 +77,14 @@ def serve(options: Options) -> int:
     server.server_close()
     server.finish(code=0, reason="SIGTERM")
     return 0
+
+
+def _faults(text: str) -> FaultSettings:
+    """`--faults`: a JSON object of FAULTS, checked as /admin/fail checks them."""
+    try:
+        return parse_faults(json.loads(text))
+    except ValueError as error:  # JSONDecodeError is one
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--script", type=Path, help="what the scripted model answers (see scripted.py)"
     )
+    parser.add_argument(
+        "--faults",
+        type=_faults,
+        help="faults set at every start, a JSON object as /admin/fail takes them",
+    )
     args = parser.parse_args(argv)
     options = Options(
         port=args.port,
@@ -132,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_delay=args.shutdown_delay,
         script=args.script,
         batch_curve=args.batch_curve,
+        faults=args.faults,
     )
     return serve(options)
 

@@ -12,7 +12,8 @@
 # env:   PYTHON (python3), MODEL (stand-in), LOG (STATE_DIR/server.log), and in seconds:
 #        START_TIMEOUT (20, whole), STOP_TIMEOUT (5, whole), HEALTH_TIMEOUT (2, per health check)
 #        passed to the server when set: TOKENS_PER_SECOND, MAX_NUM_SEQS, EXECUTE_MODEL_TIMEOUT,
-#        SHUTDOWN_DELAY, SCRIPT, BATCH_CURVE (see `python -m ralph_runner.standin.server --help`)
+#        SHUTDOWN_DELAY, SCRIPT, BATCH_CURVE, FAULTS (a JSON object: faults set at every start,
+#        e.g. '{"die_on_prompt_chars": 2000}'; see `python -m ralph_runner.standin.server --help`)
 # files in STATE_DIR: server.pid, server.log, starts (servers launched so far), and fail_starts:
 #        write N there and the next N starts fail like a start while another job holds the GPU.
 set -euo pipefail
@@ -127,6 +128,7 @@ server_args=(--port "$PORT" --state-dir "$STATE_DIR" --model "$MODEL" --log "$LO
 [[ -n "${SHUTDOWN_DELAY:-}" ]] && server_args+=(--shutdown-delay "$SHUTDOWN_DELAY")
 [[ -n "${SCRIPT:-}" ]] && server_args+=(--script "$SCRIPT")
 [[ -n "${BATCH_CURVE:-}" ]] && server_args+=(--batch-curve "$BATCH_CURVE")
+[[ -n "${FAULTS:-}" ]] && server_args+=(--faults "$FAULTS")  # faults at every start (JSON)
 setsid "$PYTHON" -m ralph_runner.standin.server "${server_args[@]}" </dev/null >>"$LOG" 2>&1 &
 pid=$!
 

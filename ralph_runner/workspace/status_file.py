@@ -163,6 +163,7 @@ class Status(ChecklistFields, PauseFields):
     updated: float  # epoch of this write
     workdir: str
     crash: NotRequired[str]  # an internal error's cause (crash.py), status "crashed"
+    set_aside: NotRequired[list[str]]  # items set aside as the cause of deaths (docs: deaths)
     workers: NotRequired[list[Worker]]  # with loop.workers > 1: each worker's item and phase
     governor: NotRequired[GovernorStatus]  # with workers: auto
     lifecycle: NotRequired[LifecycleStatus]  # only with `setup:`/`teardown:` or a marker left

@@ -1,7 +1,8 @@
 """`--json` is a contract: every event's name and its fields, pinned (users parse these lines).
 
-The table below is what ralph-run wrote before the events were typed (issue 30), plus the one
-event added since (`iteration-ended`). A renamed, dropped, reordered or added field fails here;
+The table below is what ralph-run wrote before the events were typed (issue 30), plus what was
+added since (`iteration-ended`; `item-set-aside` and the summary's `set_aside`, deaths an item
+causes). A renamed, dropped, reordered or added field fails here;
 change the table only with docs/watching.md, where the events are documented for users.
 """
 
@@ -37,6 +38,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "retry": (["item", "reason"], []),
     "strike": (["item", "strikes", "of", "reason", "output_tail"], []),
     "skip": (["item", "strikes"], []),
+    "item-set-aside": (["item", "deaths", "signature", "prompt_size", "reason"], []),
     "agent-broken": (
         ["item", "previous_item", "reason", "output_tail", "skipped", "exit_code"], []
     ),
@@ -51,7 +53,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "summary": (
         ["stopped_at_max", "iterations", "done", "todo", "skipped", "deaths", "signatures",
          "seconds"],
-        [],
+        ["set_aside"],
     ),
     "warning": (["message"], []),
     "death": (["death", "phase", "reason", "fault"], []),
