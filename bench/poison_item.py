@@ -5,7 +5,7 @@ The server: the stand-in born broken (start_server.sh's FAULTS, so each restart 
 is as broken): a prompt over 6,000 characters kills its engine, as the seed's KV-cache
 assertion did. The loop: runbooks/demo.yaml as shipped (its probes, its recovery, its
 crash-loop breaker: 5 deaths in 600 s), `max_iterations` lifted, on a checklist of 50 items
-whose 25th has an 8,000-character text. "Before": `checklist.set_aside_after: 0`, the old rule
+whose middle one has an 8,000-character text. "Before": `checklist.set_aside_after: 0`, the old rule
 (a death is never the item's: the item is retried after each one); "after": the default, 2.
 Two rates: items per hour of the run's own time, and items per night-hour, the night being the
 longer run's time (a run the breaker ended does nothing for the rest of the night).
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from bench import stand
 from bench.stand import free_port
 from bench.workers import ROOT, STANDIN_START
 
@@ -55,18 +56,13 @@ class Night:
 
 
 def workspace(path: Path, items: int) -> None:
-    path.mkdir(parents=True)
-    lines = [POISON if n == items // 2 else f"item {n}: a small change" for n in range(items)]
-    (path / "PLAN.md").write_text("# Plan\n\nOne small change per item.\n")
-    (path / "CHECKLIST.md").write_text("".join(f"- [ ] {line}\n" for line in lines))
-    for args in (
-        ["init", "-q"],
-        ["config", "user.email", "bench@example.com"],
-        ["config", "user.name", "bench"],
-        ["add", "-A"],
-        ["commit", "-qm", "plan"],
-    ):
-        subprocess.run(["git", *args], cwd=path, check=True)
+    """bench.stand's workspace of `items` items, the middle one the poison."""
+    stand.workspace(path, items)
+    checklist = path / "CHECKLIST.md"
+    lines = checklist.read_text().splitlines()
+    lines[items // 2] = f"- [ ] {POISON}"
+    checklist.write_text("\n".join(lines) + "\n")
+    subprocess.run(["git", "commit", "-qam", "the poison item"], cwd=path, check=True)
 
 
 def night(scratch: Path, rule: str, after: int, items: int) -> Night:

@@ -64,7 +64,10 @@ def positive(text: str) -> int:
 def records(parser: argparse.ArgumentParser) -> None:
     """Where deaths and report find their records: targets, a runbook's hosts and variables."""
     parser.add_argument(
-        "targets", nargs="+", help="workdirs, runbooks, .jsonl death records or histories"
+        "targets",
+        nargs="*",
+        default=["."],
+        help="workdirs, runbooks, .jsonl death records or histories (default: this directory)",
     )
     parser.add_argument("-i", "--inventory", help="a runbook's hosts: each one's records")
     extra_vars(

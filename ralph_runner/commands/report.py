@@ -12,6 +12,8 @@ from ralph_runner.deaths import html as html_report
 from ralph_runner.deaths import stats
 from ralph_runner.durable.files import NotOurs, check_own_file
 from ralph_runner.errors import FatalError, Problem
+from ralph_runner.output.text import plural
+from ralph_runner.workspace.state_files import STATE_DIR
 
 T = TypeVar("T")
 
@@ -22,24 +24,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--output",
-        default="report.html",
         metavar="FILE",
-        help="the HTML file (default: report.html)",
+        help="the HTML file (default: a workdir's .ralph/report.html, out of the agent's "
+        "repository; else report.html)",
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    output = Path(args.output)
+    output = Path(args.output) if args.output else default_output(args.targets)
     _refused(check_own_file, output)  # before the records are read: a planted link, exit 2
     data = stats.load(args.targets, args.inventory, args.extra_vars)
     answers = _refused(lambda path: html_report.write(data, path), output)
     totals = answers["totals"]
     skipped = f"; {data.skipped.text()}" if data.skipped.total else ""
     print(
-        f"report: {output} ({totals['deaths']} deaths, {totals['iterations']} iterations, "
+        f"report: {output} ({plural(totals['deaths'], 'death')}, "
+        f"{plural(totals['iterations'], 'iteration')}, "
         f"{output.stat().st_size / 1e6:.1f} MB){skipped}"
     )
     return 0
+
+
+def default_output(targets: list[str]) -> Path:
+    """In the first target's .ralph/ when it is a workdir: a report.html beside the agent's
+    files would be committed by its next iteration."""
+    state = Path(targets[0]) / STATE_DIR if targets else None
+    return state / "report.html" if state is not None and state.is_dir() else Path("report.html")
 
 
 def _refused(write: Callable[[Path], T], output: Path) -> T:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from ralph_runner.commands import options
-from ralph_runner.errors import ExitCode
+from ralph_runner.errors import ExitCode, FatalError, Problem
 from ralph_runner.fleet import status as fleet_status
 from ralph_runner.loop import pause, state
 from ralph_runner.output.text import printable
@@ -51,6 +51,8 @@ def main(args: argparse.Namespace) -> int:
     if args.inventory:
         return fleet_main(args)
     workdir = workdir_of(args.target or ".")
+    if not workdir.is_dir():  # as pause, resume and top say it: a typo, not "never run"
+        raise FatalError(Problem("no such workdir", str(workdir)))
     status = state.Store(workdir).read_status()
     if status is None:
         print(
@@ -234,8 +236,12 @@ def _last_start(start: LastStart | None) -> list[str]:
     """The service was not running at the run's first check and the loop started it."""
     if start is None:
         return []
-    done = f"in {start['seconds']} s" if start["recovered"] else f"failed: {start['reason']}"
-    return [f"started:    the service was not running at {start['time']}: started {done}"]
+    done = (
+        f"started in {start['seconds']} s"
+        if start["recovered"]
+        else f"its start failed: {start['reason']}"
+    )
+    return [f"started:    the service was not running at {start['time']}: {done}"]
 
 
 def _last_death(death: LastDeath | None) -> str:

@@ -61,7 +61,7 @@ def text(answers: Answers, data: stats.Data) -> list[str]:
     lines += answers["notes"]
     if not totals["deaths"]:
         iterations = totals["iterations"]
-        lines.append(f"no deaths recorded ({iterations} iterations in the history)")
+        lines.append(f"no deaths recorded ({plural(iterations, 'iteration')} in the history)")
         return [*lines, *throughput_lines(answers["throughput"])]
     span = f", {when(totals['from'])} – {when(totals['to'])}" if totals["from"] else ""
     lines += [
@@ -251,7 +251,8 @@ def prompt_lines(prompt: PromptSize) -> list[str]:
     if found:
         lines.append(
             f"deaths cluster above {found['above_chars']:,} chars: "
-            f"{found['deaths_above']} deaths in {found['iterations_above']} iterations above "
+            f"{plural(found['deaths_above'], 'death')} in "
+            f"{plural(found['iterations_above'], 'iteration')} above "
             f"({found['rate_above']:.1%}), {found['deaths_below']} in "
             f"{found['iterations_below']} below ({found['rate_below']:.1%})"
         )

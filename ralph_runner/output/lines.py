@@ -200,9 +200,9 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
             return p(
                 "bold",
-                f"{how}{e.iterations} iterations, {e.done} done, {e.todo} todo, "
+                f"{how}{plural(e.iterations, 'iteration')}, {e.done} done, {e.todo} todo, "
                 f"{e.skipped} skipped{f' ({e.set_aside} set aside)' if e.set_aside else ''}, "
-                f"{e.deaths} deaths, {e.seconds:.1f}s",
+                f"{plural(e.deaths, 'death')}, {e.seconds:.1f}s",
             ) + "".join(
                 p("dim", f"\n  {count} x {signature}") for signature, count in e.signatures.items()
             )

@@ -91,7 +91,9 @@ def commit(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ralph_runner.standin.agent", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--url",
         default=os.environ.get("RALPH_BASE_URL"),  # off the command line: `ps` shows that

@@ -88,7 +88,9 @@ def _faults(text: str) -> FaultSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ralph_runner.standin.server", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--model", default="stand-in")

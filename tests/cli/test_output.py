@@ -78,3 +78,12 @@ def test_counts_of_one_are_singular_in_the_receipt_and_the_throughput_line():
         "estimated": 0,
     }
     assert "generated; 1 request)" in text.throughput_line(throughput)
+
+
+def test_the_summary_says_one_iteration_and_one_death_in_the_singular():
+    """Issue 42, newcomer item 9: "1 iterations", "1 deaths" in the run's last line."""
+    counts = {"stopped_at_max": False, "done": 1, "todo": 0, "skipped": 0, "signatures": {}}
+    one = human("summary", iterations=1, deaths=1, seconds=2.0, **counts)
+    assert "finished: 1 iteration, 1 done" in one and ", 1 death, 2.0s" in one, one
+    many = human("summary", iterations=10, deaths=2, seconds=2.0, **counts)
+    assert "10 iterations" in many and "2 deaths" in many, many

@@ -130,7 +130,7 @@ def test_top_shows_a_death_and_its_recovery_and_pauses_the_selected_loop(
         # o writes the selected loop's report, into its .ralph/, and says where.
         report = scenario.workspace / ".ralph" / "report.html"
         pane.keys("o")
-        pane.wait_text("alpha: report: work/.ralph/report.html (1 deaths", timeout=90)
+        pane.wait_text("alpha: report: work/.ralph/report.html (1 death,", timeout=90)
         assert "death" in report.read_text(encoding="utf-8")
 
         pane.keys("j", "p")  # the second row: beta

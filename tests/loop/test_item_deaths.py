@@ -76,7 +76,10 @@ def test_with_workers_the_suspects_run_alone_and_every_other_item_lands(
     2 more deaths and every other item lands (on main: every death killed all in flight, exit
     4, nothing landed)."""
     items = ["ok 1", "ok 2", POISON, "ok 4", "ok 5"]
-    prepare(scenario, items, workers=3, sleep="1", engine_probe=False)
+    # the agents think before their call: the poison's call comes while the others still think
+    # (their steps in flight), so the first death has all three in flight
+    thinking = "2 if item.text.startswith('poison') else 5"
+    prepare(scenario, items, workers=3, sleep=thinking, engine_probe=False)
     data = yaml.safe_load(scenario.runbook_path.read_text())
     scenario.standin.stop()
     broken_at_every_start(scenario, {"die_on_prompt_chars": LIMIT}, data=data)
