@@ -13,6 +13,7 @@ import psutil
 import pytest
 import yaml
 from support.e2e import AGENT_STEP, Scenario
+from support.standin import wait_for
 
 from ralph_runner.durable import redaction
 
@@ -41,6 +42,12 @@ def _command_lines(workdir: Path) -> list[str]:
     ]
 
 
+def _once_the_agent_runs(workdir: Path) -> list[str]:
+    """The command lines in `workdir` once the demo's agent is among them, else none."""
+    lines = _command_lines(workdir)
+    return lines if any("ralph_runner.standin.agent" in line for line in lines) else []
+
+
 def test_the_token_is_neither_in_ps_nor_in_the_death_record(scenario: Scenario) -> None:
     """The demo's agent, through the proxy, says its URL; the server dies during its step. No
     process's command line held the token meanwhile; the death record's output tail shows the
@@ -52,12 +59,12 @@ def test_the_token_is_neither_in_ps_nor_in_the_death_record(scenario: Scenario) 
     scenario.runbook_path.write_text(yaml.safe_dump(document, sort_keys=False))
     run = scenario.start()
     run.wait_status(lambda s: s.get("phase") == AGENT_STEP, "the agent step")
-    lines = _command_lines(scenario.workspace)
+    # the step's phase is written before its shell starts the agent: look until the agent runs
+    lines = wait_for(lambda: _once_the_agent_runs(scenario.workspace), what="the demo's agent")
     seen = [line for line in lines if PROXY_URL.search(line)]
     scenario.standin.trigger(die=True)
     run.wait(90)
 
-    assert any("ralph_runner.standin.agent" in line for line in lines), lines
     assert seen == [], "the proxy's token on a command line"
     deaths = scenario.records("death")
     assert deaths, run.stderr
