@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn, NotRequired, TypedDict
@@ -18,6 +18,7 @@ from typing import NoReturn, NotRequired, TypedDict
 from ralph_runner.standin.batching import DEFAULT_CURVE, BatchCurve, parse_curve
 from ralph_runner.standin.engine import BLOCK_TOKENS, Engine, Stats, tokens_of
 from ralph_runner.standin.faults import Faults, FaultSettings, parse_faults
+from ralph_runner.standin.rot import Rot, RotSettings, oom_kill
 from ralph_runner.standin.vllm_log import ENGINE_DEAD, VllmLog
 
 DEFAULT_DEATH_BLOCKS = 25  # the seed's death: num_required_blocks 25 < len(req_blocks) 26
@@ -41,6 +42,7 @@ class Options:
     script: Path | None = None
     batch_curve: BatchCurve | None = None  # a GPU's step time by batch (batching.py)
     faults: FaultSettings | None = None  # set at every start (`--faults`): a server born broken
+    rot: RotSettings = field(default_factory=RotSettings)  # how it degrades (rot.py)
 
 
 class StandInServer(ThreadingHTTPServer):
@@ -64,6 +66,7 @@ class StandInServer(ThreadingHTTPServer):
         self.faults = Faults()
         self.engine = Engine(options.tokens_per_second, options.max_num_seqs)
         self.engine.batch_curve = options.batch_curve
+        self.rot = Rot(options.rot, options.tokens_per_second)
         self.last_prompt_tokens = 0
         self.released = threading.Condition()  # hung requests wait here (`hang`)
         self.closing = False
@@ -104,6 +107,7 @@ class StandInServer(ThreadingHTTPServer):
         if legacy_dies:
             self.log.legacy_death(self.death_blocks())
         if "tokens_per_second" in faults:
+            self.rot.base = faults["tokens_per_second"]  # decode_halflife halves it from now
             self.engine.set_rate(faults["tokens_per_second"])
         if "batch_curve" in faults:
             curve = faults["batch_curve"]  # true: the shipped curve; false: off
@@ -216,6 +220,28 @@ class StandInServer(ThreadingHTTPServer):
             delay, self.faults.slow_once = self.faults.slow_once, 0.0
         return delay
 
+    def rotted(self) -> None:
+        """One generation's share of the rot (rot.py): its leak, its preemptions, and the
+        OOM killer once resident memory passes the limit."""
+        self.rot.leak()
+        if self.options.rot.preemptions_per_request:
+            self.engine.preempt(self.options.rot.preemptions_per_request)
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        mib = self.rot.over_limit()
+        if mib is not None:
+            limit = self.options.rot.memory_limit_mb
+            message = f"Out of memory: killed process {self.log.pid} ({mib} MiB > {limit:g})"
+            self.log.record("ERROR", "oom", message)
+            oom_kill()
+
+    def age_decode(self) -> None:
+        """decode_halflife: the engine's speed for the server's age."""
+        rate = self.rot.decode_rate()
+        if rate is not None:
+            self.engine.set_rate(rate)
+
     def death_blocks(self) -> int:
         tokens = self.last_prompt_tokens
         return math.ceil(tokens / BLOCK_TOKENS) if tokens else DEFAULT_DEATH_BLOCKS
@@ -268,6 +294,8 @@ class StandInServer(ThreadingHTTPServer):
         engine was idle for two ticks (vLLM logs those at debug level: a hung engine goes
         quiet)."""
         self.poll_control_file()
+        self.age_decode()
+        self.check_memory()
         stats, last = self.engine.stats, self._logged_stats
         self._logged_stats = stats
         prompt = (stats.prompt_tokens - last.prompt_tokens) / seconds

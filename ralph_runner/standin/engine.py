@@ -76,6 +76,8 @@ class Sequence:
     aborted: bool = False
     prefilled: float = 0.0  # prompt tokens in the KV cache so far (chunked prefill)
     admitted: float = 0.0  # when the engine took it (monotonic): its prefill starts
+    submitted: float = field(default_factory=time.monotonic)  # arrival: time to first token
+    last_token: float = 0.0  # when its last tokens were made (monotonic): inter-token latency
 
     @property
     def kv_blocks(self) -> int:
@@ -98,6 +100,10 @@ class Stats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at admission)
     prefill_seconds: float = 0.0  # admission to the prompt read, summed (prefill_time's sum)
     prefills: int = 0  # ... over how many requests (its count)
+    first_token_seconds: float = 0.0  # arrival to first token, summed (time_to_first_token)
+    first_tokens: int = 0  # ... over how many requests
+    inter_token_seconds: float = 0.0  # between a request's steps, summed (inter_token_latency)
+    inter_tokens: int = 0  # ... over the tokens those steps made
     sleeping: bool = False  # vllm:engine_sleep_state
 
 
@@ -184,6 +190,12 @@ class Engine:
             self.stats = replace(self.stats, sleeping=asleep)
             self.cond.notify_all()
 
+    def preempt(self, count: int) -> None:
+        """`count` preemptions (the KV cache thrashing): vllm:num_preemptions_total rises."""
+        with self.cond:
+            self._totals.preemptions += count
+            self.stats = replace(self.stats, preemptions=self._totals.preemptions)
+
     def die(self, message: str) -> None:
         with self.cond:
             self.dead = message
@@ -231,6 +243,19 @@ class Engine:
         self._totals.prefill_seconds += time.monotonic() - sequence.admitted
         self._totals.prefills += 1
 
+    def _timed(self, sequence: Sequence, made: int) -> None:
+        """vLLM's latency histograms: a request's first token, then per token of each step."""
+        if not made:
+            return
+        now, totals = time.monotonic(), self._totals
+        if sequence.produced == 0:
+            totals.first_token_seconds += now - sequence.submitted
+            totals.first_tokens += 1
+        else:
+            totals.inter_token_seconds += now - sequence.last_token
+            totals.inter_tokens += made
+        sequence.last_token = now
+
     def _idle(self) -> bool:
         return not (self.waiting or self.running)
 
@@ -266,6 +291,7 @@ class Engine:
                 self._prefilled(sequence)
                 scheduled += sequence.prompt_tokens
             made = min(tokens, len(sequence.plan) - sequence.produced)
+            self._timed(sequence, made)
             scheduled += made
             sequence.produced += made
             totals.generation_tokens += made
@@ -291,4 +317,8 @@ class Engine:
             sleeping=self.sleeping,
             prefill_seconds=totals.prefill_seconds,
             prefills=totals.prefills,
+            first_token_seconds=totals.first_token_seconds,
+            first_tokens=totals.first_tokens,
+            inter_token_seconds=totals.inter_token_seconds,
+            inter_tokens=totals.inter_tokens,
         )

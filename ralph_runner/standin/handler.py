@@ -19,6 +19,7 @@ from ralph_runner.standin.faults import parse_faults
 from ralph_runner.standin.generation import max_tokens_of, min_tokens_of, prompt_chars_of
 from ralph_runner.standin.messages import Messages, messages_error
 from ralph_runner.standin.metrics import CONTENT_TYPE, exposition
+from ralph_runner.standin.rot import resident_bytes
 from ralph_runner.standin.vllm_log import ENGINE_DEAD
 from ralph_runner.standin.wire import FORMATS, Format, Responses, error_body
 
@@ -102,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def metrics(self) -> None:
         srv = self.server
-        text = exposition(srv.engine.stats, srv.model, srv.started)
+        text = exposition(srv.engine.stats, srv.model, srv.started, resident_bytes())
         self.send_body(HTTPStatus.OK, text.encode(), CONTENT_TYPE)
 
     def models(self) -> None:
@@ -149,6 +150,8 @@ class Handler(BaseHTTPRequestHandler):
         plan, finish_reason = plan_of(reply, max_tokens, at_least)
         sequence = Sequence(answer.prompt_tokens, plan, finish_reason)
         srv.last_prompt_tokens = answer.prompt_tokens
+        srv.age_decode()
+        srv.rotted()
         try:
             srv.engine.submit(sequence)
         except EngineDead:

@@ -144,12 +144,17 @@ HISTOGRAMS = [
     Histogram("vllm:request_prefill_time_seconds",
               "Histogram of time spent in PREFILL phase for request.",
               lambda s: (s.prefills, s.prefill_seconds)),
+    Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              lambda s: (s.first_tokens, s.first_token_seconds)),
+    Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              lambda s: (s.inter_tokens, s.inter_token_seconds)),
 ]  # fmt: skip
 
 
-def exposition(stats: Stats, model: str, started: float) -> str:
+def exposition(stats: Stats, model: str, started: float, resident: int = 0) -> str:
     """The text of /metrics for the engine's statistics `stats`, labelled with the served
-    model's name; `started`, the process start, is every counter's `_created`, as vLLM's."""
+    model's name; `started`, the process start, is every counter's `_created`, as vLLM's;
+    `resident`: the process's resident memory in bytes (prometheus_client's process series)."""
     lines: list[str] = []
     for series in SERIES:
         samples = [(labels_of(model, extra), value) for extra, value in series.samples(stats)]
@@ -171,6 +176,9 @@ def exposition(stats: Stats, model: str, started: float) -> str:
         "# HELP process_start_time_seconds Start time of the process since unix epoch.",
         "# TYPE process_start_time_seconds gauge",
         f"process_start_time_seconds {go_float(started)}",
+        "# HELP process_resident_memory_bytes Resident memory size in bytes.",
+        "# TYPE process_resident_memory_bytes gauge",
+        f"process_resident_memory_bytes {go_float(resident)}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,8 @@ line and the process's life) serves it through its parts:
   handler.py     the routes: /health, /v1/models, /metrics, the generations, /admin/fail
   generation.py  what a generation request asks: its prompt's size, its token limits
   metrics.py     /metrics: vLLM's series through a prometheus_client collector
+  rot.py         a server that degrades without dying: slower decode with age, a memory
+                 leak up to an OOM kill, preemptions (`--decode-halflife` and the rest)
   wire.py        the OpenAI wire formats, whole or streamed; vllm_log.py the log's lines
 """
 
@@ -44,6 +46,7 @@ from ralph_runner.standin.batching import CURVES, parse_curve
 from ralph_runner.standin.engine import KV_CACHE_TOKENS
 from ralph_runner.standin.faults import FaultSettings, parse_faults
 from ralph_runner.standin.handler import Handler
+from ralph_runner.standin.rot import RotSettings
 from ralph_runner.standin.vllm_log import VllmLog
 
 
@@ -136,6 +139,42 @@ def main(argv: list[str] | None = None) -> int:
         type=_faults,
         help="faults set at every start, a JSON object as /admin/fail takes them",
     )
+    rot = parser.add_argument_group("rot (a server that degrades without dying; 0: off)")
+    rot.add_argument(
+        "--decode-halflife",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="decode tokens/s halves every S seconds of the server's age",
+    )
+    rot.add_argument(
+        "--decode-floor",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="... but never below R tokens/s",
+    )
+    rot.add_argument(
+        "--leak-kb-per-request",
+        type=int,
+        default=0,
+        metavar="K",
+        help="each generation keeps K KiB of resident memory",
+    )
+    rot.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="past M MiB resident: SIGKILL itself, as the OOM killer",
+    )
+    rot.add_argument(
+        "--preemptions-per-request",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each generation counts N preemptions",
+    )
     args = parser.parse_args(argv)
     options = Options(
         port=args.port,
@@ -150,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         script=args.script,
         batch_curve=args.batch_curve,
         faults=args.faults,
+        rot=RotSettings(
+            decode_halflife=args.decode_halflife,
+            decode_floor=args.decode_floor,
+            leak_kb_per_request=args.leak_kb_per_request,
+            memory_limit_mb=args.memory_limit_mb,
+            preemptions_per_request=args.preemptions_per_request,
+        ),
     )
     return serve(options)
 

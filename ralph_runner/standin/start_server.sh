@@ -13,7 +13,9 @@
 #        START_TIMEOUT (20, whole), STOP_TIMEOUT (5, whole), HEALTH_TIMEOUT (2, per health check)
 #        passed to the server when set: TOKENS_PER_SECOND, MAX_NUM_SEQS, EXECUTE_MODEL_TIMEOUT,
 #        SHUTDOWN_DELAY, SCRIPT, BATCH_CURVE, FAULTS (a JSON object: faults set at every start,
-#        e.g. '{"die_on_prompt_chars": 2000}'; see `python -m ralph_runner.standin.server --help`)
+#        e.g. '{"die_on_prompt_chars": 2000}'; see `python -m ralph_runner.standin.server --help`),
+#        and the rot (standin/rot.py): DECODE_HALFLIFE, DECODE_FLOOR, LEAK_KB_PER_REQUEST,
+#        MEMORY_LIMIT_MB, PREEMPTIONS_PER_REQUEST
 # files in STATE_DIR: server.pid, server.log, starts (servers launched so far), and fail_starts:
 #        write N there and the next N starts fail like a start while another job holds the GPU.
 set -euo pipefail
@@ -129,6 +131,11 @@ server_args=(--port "$PORT" --state-dir "$STATE_DIR" --model "$MODEL" --log "$LO
 [[ -n "${SCRIPT:-}" ]] && server_args+=(--script "$SCRIPT")
 [[ -n "${BATCH_CURVE:-}" ]] && server_args+=(--batch-curve "$BATCH_CURVE")
 [[ -n "${FAULTS:-}" ]] && server_args+=(--faults "$FAULTS")  # faults at every start (JSON)
+[[ -n "${DECODE_HALFLIFE:-}" ]] && server_args+=(--decode-halflife "$DECODE_HALFLIFE")
+[[ -n "${DECODE_FLOOR:-}" ]] && server_args+=(--decode-floor "$DECODE_FLOOR")
+[[ -n "${LEAK_KB_PER_REQUEST:-}" ]] && server_args+=(--leak-kb-per-request "$LEAK_KB_PER_REQUEST")
+[[ -n "${MEMORY_LIMIT_MB:-}" ]] && server_args+=(--memory-limit-mb "$MEMORY_LIMIT_MB")
+[[ -n "${PREEMPTIONS_PER_REQUEST:-}" ]] && server_args+=(--preemptions-per-request "$PREEMPTIONS_PER_REQUEST")
 setsid "$PYTHON" -m ralph_runner.standin.server "${server_args[@]}" </dev/null >>"$LOG" 2>&1 &
 pid=$!
 

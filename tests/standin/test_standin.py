@@ -244,10 +244,14 @@ def test_metrics_are_byte_for_byte_what_prometheus_client_writes() -> None:
                 yield buckets
             help_text = "Start time of the process since unix epoch."
             yield GaugeMetricFamily("process_start_time_seconds", help_text, value=started)
+            help_text = "Resident memory size in bytes."
+            yield GaugeMetricFamily("process_resident_memory_bytes", help_text, value=resident)
 
+    resident = 123456789
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Families())
-    assert metrics.exposition(stats, model, started) == generate_latest(registry).decode()
+    written = metrics.exposition(stats, model, started, resident)
+    assert written == generate_latest(registry).decode()
 
 
 def test_tokens_are_counted_as_they_are_generated(target: Target) -> None:
