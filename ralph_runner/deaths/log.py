@@ -19,6 +19,8 @@ from ralph_runner.deaths.record import (
     DeathRecord,
     Record,
     RecoveryRecord,
+    RejuvenationAfter,
+    RejuvenationRecord,
     StartRecord,
     is_death,
     is_recovery,
@@ -94,6 +96,29 @@ class DeathLog:
             "start",
             self.redactor.text(f"{line} ({seconds_text(record.get('seconds'))} s) =====\n\n"),
         )
+
+    def write_rejuvenation(self, record: RejuvenationRecord) -> None:
+        """A restart at an item boundary of a server that rots (no death): a JSON record of
+        its own event and one line in the log."""
+        record = self.redactor.data({"event": "rejuvenation", **record})
+        done = "restarted" if record.get("recovered") else f"NOT restarted: {record.get('reason')}"
+        line = (
+            f"===== {record.get('time')} rejuvenation {record.get('rejuvenation')} of "
+            f"{record.get('service')} ({', '.join(record.get('signs') or [])}): {done}"
+        )
+        text = f"{line} ({seconds_text(record.get('seconds'))} s) =====\n"
+        self._write(
+            record, "rejuvenation", self.redactor.text(f"{text}  {record.get('reason')}\n\n")
+        )
+
+    def write_rejuvenation_after(self, record: RejuvenationAfter) -> None:
+        """The restarted server's baseline, once measured: the record alone (the report's)."""
+        record = self.redactor.data({"event": "rejuvenation-after", **record})
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        try:
+            append_durably(self.records_path, line + "\n")
+        except OSError as err:
+            print(f"ralph-run: could not write {line}: {err}", file=sys.stderr, flush=True)
 
     def _render(self, record: DeathRecord) -> str:
         return render(record, self.template, self.templar, self.redactor, self.where)

@@ -171,7 +171,33 @@ class StartRecord(Outcome, total=False):
     probes: list[ProbeEntry]
 
 
-Record = DeathRecord | RecoveryRecord | StartRecord
+class RejuvenationRecord(Outcome, total=False):
+    """`event: rejuvenation`: a server that rotted, restarted at an item boundary (no death):
+    the signs, the numbers before (and the baseline they were measured against)."""
+
+    event: str
+    rejuvenation: int
+    time: str
+    host: str
+    service: str
+    signs: list[str]
+    found: str  # what the signs found, in words
+    before: dict[str, float | None]
+    baseline: dict[str, float | None]
+    pid_before: int | None
+    pid_after: int | None
+
+
+class RejuvenationAfter(TypedDict, total=False):
+    """`event: rejuvenation-after`: the restarted server's own baseline, once measured."""
+
+    event: str
+    rejuvenation: int
+    time: str
+    after: dict[str, float | None]
+
+
+Record = DeathRecord | RecoveryRecord | StartRecord | RejuvenationRecord | RejuvenationAfter
 
 
 def is_death(entry: Mapping[str, object]) -> TypeGuard[DeathRecord]:

@@ -101,6 +101,8 @@ class Death:
 class Data:
     deaths: list[Death] = field(default_factory=list)
     iterations: list[JSONObject] = field(default_factory=list)  # the histories' lines
+    rejuvenations: list[JSONObject] = field(default_factory=list)  # restarts before a death
+    rejuvenated_after: dict[object, object] = field(default_factory=dict)  # number -> baseline
     files: dict[str, Counter[str]] = field(default_factory=dict)  # path -> events read
     skipped: jsonl.Skipped = field(default_factory=jsonl.Skipped)
     notes: list[str] = field(default_factory=list)
@@ -203,6 +205,10 @@ def read_file(path: Path, data: Data) -> None:
             data.iterations.append(entry)
         elif event == "start":
             pass  # the service was not running at a run's first check: counted, no death
+        elif event == "rejuvenation":
+            data.rejuvenations.append(entry)  # a restart at a boundary: no death
+        elif event == "rejuvenation-after":
+            data.rejuvenated_after[entry.get("rejuvenation")] = entry.get("after")
         else:
             data.skipped.add("foreign", path, number)
             continue

@@ -113,3 +113,34 @@ class Receipt(Event):
     first_token_seconds: float | None
     generation_seconds: float
     request_seconds: float
+
+
+# -- rejuvenation (health.rejuvenate, loop/rejuvenation.py) -----------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejuvenationDue(Event):
+    """A server that rots: a restart is due at the next item boundary (no attempt is started
+    until it is over; those in flight land first)."""
+
+    NAME = "rejuvenation-due"
+    signs: list[str]
+    reason: str
+    in_flight: list[str]  # the items of the attempts that land before the restart
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejuvenated(Event):
+    """The restart at the boundary: no death, no strike; its numbers before and after."""
+
+    NAME = "rejuvenated"
+    rejuvenation: int  # this workdir's count
+    signs: list[str]
+    reason: str
+    recovered: bool
+    seconds: float
+    before: dict[str, float | None]  # the numbers that triggered it (signs.Reading's)
+    baseline: dict[str, float | None]  # the server's baseline since its start
+    pid_before: int | None = field(default=None, metadata=IF_NONE)
+    pid_after: int | None = field(default=None, metadata=IF_NONE)
+    error: str | None = field(default=None, metadata=IF_NONE)

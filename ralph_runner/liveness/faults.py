@@ -21,6 +21,7 @@ ASLEEP = "sleeping"  # vllm:engine_sleep_state: put to sleep, serves nothing
 WEDGED = "server not answering"  # a probe timed out: the API server itself is wedged
 RESTARTED = "restarted by someone else"  # a new server answered during the attempt
 FOREIGN = "port held by another user"  # it answers, but its socket is not ours (port_owner.py)
+REJUVENATION = "rejuvenation"  # no fault: restarted at a boundary because it rots (no death)
 OTHER = "other"
 STALLED: dict[Finding, str] = {  # a stalled probe's finding -> the class
     "work-stalled": STALLED_WORK,

@@ -136,7 +136,7 @@ class Service:
                 "runbook": str(self.plan.runbook.path),
                 "service": name,
                 "probes": [r.as_dict() for r in rounds[-1]],
-                **self._outcome_fields(outcome),
+                **self.outcome_fields(outcome),
             }
         )
         self.state.last_start = {
@@ -248,7 +248,7 @@ class Service:
             by = "someone else (a new server answers)"
             outcome = self._still_ours(recovery.Outcome(True, 0, 0.0, by=by))
         self.death_log.write_recovery(
-            {"death": number, "time": iso_time(time.time()), **self._outcome_fields(outcome)}
+            {"death": number, "time": iso_time(time.time()), **self.outcome_fields(outcome)}
         )
         self.emit(
             events.Recovery(
@@ -264,6 +264,26 @@ class Service:
             raise GaveUp(
                 f"service not recovered: {outcome.reason}", exit_code=self.config.exit_code
             )
+
+    def rejuvenate(self, signs: list[str], variables: dict[str, object]) -> recovery.Outcome:
+        """A restart of a server that rots (loop/rejuvenation.py), between attempts: the
+        `health.rejuvenate` steps, else the recovery steps, then healthy within
+        `healthy_within`. They see `death` as a hung server's (up: stop it before starting
+        another), phase `rejuvenate`, its signs as reasons; no death is counted."""
+        now = time.time()
+        death = recovery.death_of(0, "rejuvenate", iso_time(now), [], faults.REJUVENATION)
+        death = {**death, "hung": True, "reasons": signs}
+        runbook = self.plan.runbook
+        outcome = recovery.recover(
+            self.config,
+            runbook.rejuvenate_steps or runbook.recovery_steps,
+            tasks.TaskGroup(self.plan),
+            {**variables, "phase": "rejuvenate", "death": death},
+            self.health,
+            self.stop,
+            self.emit,
+        )
+        return self._still_ours(outcome)
 
     def _ours(self, phase: str, rounds: list[list[ProbeResult]], facts: Facts) -> None:
         """A service that answers on another user's port is a death (its probe fails as
@@ -296,7 +316,7 @@ class Service:
         return owners.foreign
 
     @staticmethod
-    def _outcome_fields(outcome: recovery.Outcome) -> Outcome:
+    def outcome_fields(outcome: recovery.Outcome) -> Outcome:
         return {
             "attempts": outcome.attempts,
             "recovered": outcome.recovered,

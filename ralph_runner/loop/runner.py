@@ -187,8 +187,8 @@ class Runner:
                 f"workers: {'auto' if self.auto else self.workers} needs the workdir in a git "
                 "repository with a commit (each attempt works in its own git worktree)"
             )
-        if self.auto and self.workers > 1:
-            scheduler.check_auto(self.plan)  # now, not after the setup blocks ran
+        # now, not after the setup blocks ran
+        scheduler.check_metrics(self.plan, self.auto and self.workers > 1)
 
     def _resume(self) -> state.State:
         loaded = self.store.load()
@@ -257,6 +257,8 @@ class Runner:
             status["workers"] = workers
             if self.scheduler.governor is not None:
                 status["governor"] = self.scheduler.governor.fields()
+        if self.scheduler is not None and self.scheduler.rejuvenation is not None:
+            status["rejuvenation"] = self.scheduler.rejuvenation.fields()
         if self.lifecycle is not None and (blocks := self.lifecycle.fields()) is not None:
             status["lifecycle"] = blocks
         if st.set_aside:

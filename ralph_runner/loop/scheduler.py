@@ -22,6 +22,7 @@ from ralph_runner.errors import ExitCode, FatalError
 from ralph_runner.loop import governor, limit_hold, pause
 from ralph_runner.loop.iteration import Attempt
 from ralph_runner.loop.landing import for_workers
+from ralph_runner.loop.rejuvenation import Rejuvenation
 from ralph_runner.loop.steps import Work
 from ralph_runner.process import execute
 from ralph_runner.workspace import checklist, worktrees
@@ -34,10 +35,7 @@ if TYPE_CHECKING:
     from ralph_runner.loop.context import RunContext
     from ralph_runner.runbook.plan import Plan
 
-NO_METRICS = (
-    "workers: auto reads the server's /metrics: add a `progress` probe, "
-    "or give loop.governor.metrics"
-)
+NO_METRICS = "{what} reads the server's /metrics: add a `progress` probe, or give {where}"
 JOIN_SECONDS = 30.0  # how long a stop waits for the attempts' threads (their trees are killed)
 
 
@@ -58,10 +56,15 @@ class Scheduler:
         text and whether max_iterations stopped it."""
         self.run, self.pause, self.size, self.summary = run, paused, workers, summary
         self.admitted = 1 if auto else workers  # the attempts that may be in flight now
+        settings = run.model.loop.governor
         self.governor = governor.Governor(
-            run.model.loop.governor, metrics_url(run), workers, self.in_flight, self.admit,
+            settings, metrics_url(run, settings.metrics), workers, self.in_flight, self.admit,
             run.bus, run.health.client,
         ) if auto else None  # fmt: skip
+        rejuvenate = run.model.health.rejuvenate
+        self.rejuvenation = Rejuvenation(
+            run, rejuvenate, metrics_url(run, rejuvenate.metrics), self.items_in_flight
+        ) if rejuvenate is not None else None  # fmt: skip
         self.landing = for_workers(run, workers)
         self.changed = threading.Condition(run.lock)
         self.hold = limit_hold.Hold()  # a usage limit: start nothing until its reset
@@ -77,13 +80,14 @@ class Scheduler:
         """Until every item is settled (or max_iterations); the run's exit code."""
         for left in self.landing.clean():
             self.run.bus.warn(f"removed what a killed run left: {left}")
-        if self.governor is not None:
-            self.governor.start()
+        watchers = [w for w in (self.governor, self.rejuvenation) if w is not None]
+        for watcher in watchers:
+            watcher.start()
         try:
             return self._schedule()
         finally:
-            if self.governor is not None:
-                self.governor.stop()
+            for watcher in watchers:
+                watcher.stop()
             self._halt()
 
     def _schedule(self) -> int:
@@ -109,10 +113,10 @@ class Scheduler:
                 if at_limit and not self.attempts:
                     self._summary(text, stopped=True)
                     return ExitCode.MAX_ITERATIONS
-                if self._paused() or self._told():
+                if self._paused() or self._told() or self._rejuvenated():
                     continue
                 started = False
-                while not (at_limit or self.recovering or self.hold.left() is not None):
+                while not (at_limit or self._held()):
                     item = self._next(todo) if len(self.attempts) < self.admitted else None
                     if item is None:
                         break
@@ -121,6 +125,22 @@ class Scheduler:
                     at_limit = bool(limit) and before + self.begun >= limit
                 if not started:
                     self.changed.wait(timeout=pause.POLL)  # woken by an attempt's end
+
+    def _held(self) -> bool:
+        """Nothing starts: a death's recovery, a usage limit, or a restart due (rejuvenation.py:
+        the attempts in flight land first)."""
+        rejuvenating = self.rejuvenation is not None and self.rejuvenation.due is not None
+        return self.recovering or rejuvenating or self.hold.left() is not None
+
+    def _rejuvenated(self) -> bool:
+        """A restart due and no attempt in flight: the item boundary. Restart, then go on."""
+        rejuvenation = self.rejuvenation
+        if rejuvenation is None or rejuvenation.due is None or self.attempts:
+            return False
+        variables = self.work.facts(None).get("variables", {})
+        self._unlocked(lambda: rejuvenation.restart(dict(variables)))
+        self.run.counts.forget()  # its steps ran
+        return True
 
     def _summary(self, text: str, stopped: bool = False) -> None:
         self._unlocked(lambda: self.summary(text, stopped))
@@ -239,6 +259,8 @@ class Scheduler:
         """Before the capture: start nothing until the recovery is over, kill the agent steps
         in flight (each item is retried, no strike), and count the death against the items
         whose prompts were in flight (loop/blame.py): what the death record says of them."""
+        if self.rejuvenation is not None:
+            self.rejuvenation.cancel()  # the recovery restarts it: its signs start over
         with self.changed:
             self.recovering = True
             for attempt in self.attempts.values():
@@ -265,6 +287,9 @@ class Scheduler:
 
     def in_flight(self) -> int:
         return len(self.attempts)
+
+    def items_in_flight(self) -> list[str]:
+        return [attempt.item.text for attempt in self.attempts.values()]
 
     # -- the stop ------------------------------------------------------------------------------
     def _halt(self) -> None:
@@ -311,19 +336,24 @@ class Scheduler:
         return found
 
 
-def metrics_url(run: RunContext) -> str:
-    """Where `workers: auto` looks: `loop.governor.metrics`, else the `progress` probe's."""
-    given = run.model.loop.governor.metrics
+def metrics_url(run: RunContext, given: str | None) -> str:
+    """Where `workers: auto` and `health.rejuvenate` look: `given` (their `metrics`), else the
+    `progress` probe's."""
     if given:
         return run.plan.templar.render(given, run.plan.variables)
     for spec in run.health.probes:
         if spec.kind == "progress":
             return str(spec.params.metrics)
-    raise FatalError(NO_METRICS)
+    raise FatalError("the server's /metrics is not known")  # check_metrics said it at preflight
 
 
-def check_auto(plan: Plan) -> None:
-    """At preflight (before the setup blocks run): `workers: auto` has a /metrics to read."""
-    given = plan.model.loop.governor.metrics
-    if not given and not any(probe.kind == "progress" for probe in plan.runbook.probes):
-        raise FatalError(NO_METRICS)
+def check_metrics(plan: Plan, auto: bool) -> None:
+    """At preflight (before the setup blocks run): `workers: auto` and `health.rejuvenate`
+    have a /metrics to read."""
+    progress = any(probe.kind == "progress" for probe in plan.runbook.probes)
+    rejuvenate = plan.model.health.rejuvenate
+    if auto and not plan.model.loop.governor.metrics and not progress:
+        raise FatalError(NO_METRICS.format(what="workers: auto", where="loop.governor.metrics"))
+    if rejuvenate is not None and not rejuvenate.metrics and not progress:
+        where = "health.rejuvenate.metrics"
+        raise FatalError(NO_METRICS.format(what="health.rejuvenate", where=where))

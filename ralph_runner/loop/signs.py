@@ -105,6 +105,7 @@ class Finding:
     now: float  # the reading (tokens/s, s, preemptions/min, MiB)
     baseline: float | None  # its baseline (the limit for memory)
     text: str
+    held: float = 0.0  # s it has held
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class Signs:
             since = self.breaches.setdefault(sign, now)
             if now - since >= self.limits.sustained_for:
                 value, baseline, text = numbers
-                found.append(Finding(sign, since, value, baseline, text))
+                found.append(Finding(sign, since, value, baseline, text, now - since))
         return found
 
     def _states(self) -> list[tuple[str, bool | None, tuple[float, float | None, str]]]:

@@ -78,6 +78,18 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             if e.by:
                 return p("green", f"  ✅ up again in {e.seconds:.1f}s, brought back by {e.by}")
             return p("green", f"  ✅ recovered in {e.seconds:.1f}s ({e.attempts} attempt(s))")
+        case events.RejuvenationDue():
+            landing = (
+                f": {plural(e.in_flight, 'attempt')} in flight land first" if e.in_flight else ""
+            )
+            return p("cyan", f"♻ restart due at the next item boundary ({e.reason}){landing}")
+        case events.Rejuvenated():
+            if not e.recovered:
+                return p("red", f"  ♻ rejuvenation {e.rejuvenation} failed: {e.error}")
+            line = (
+                f"  ♻ rejuvenated ({', '.join(e.signs)}) in {e.seconds:.1f}s: no death, no strike"
+            )
+            return p("green", line)
         case events.Recorder():
             return p("dim", f"  recorder: {e.message}")
         case events.Receipt():

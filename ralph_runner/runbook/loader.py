@@ -89,6 +89,8 @@ class LoadedRunbook:
     # `setup:` and `teardown:` (loop/lifecycle.py): run at the run's start and at its end
     setup_steps: list[TaskSpec] = field(default_factory=list)
     teardown_steps: list[TaskSpec] = field(default_factory=list)
+    # `health.rejuvenate.steps` (loop/rejuvenation.py): a restart of a server that rots
+    rejuvenate_steps: list[TaskSpec] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -127,10 +129,14 @@ def load(path: str | Path) -> LoadedRunbook:
         resume_steps=expand(model.resume, ("resume",)),
         setup_steps=expand(model.setup, ("setup",)),
         teardown_steps=expand(model.teardown, ("teardown",)),
+        rejuvenate_steps=expand(
+            model.health.rejuvenate.steps if model.health.rejuvenate else [],
+            ("health", "rejuvenate", "steps"),
+        ),
     )
     problems += _loop_only_outside_the_loop(loaded)
     problems += _idle_timeout_misplaced(loaded)
-    problems += death_field_problems(loaded.recovery_steps)
+    problems += death_field_problems(loaded.recovery_steps + loaded.rejuvenate_steps)
     if problems:
         raise FatalError(problems)
     return loaded
@@ -156,6 +162,7 @@ def _task_sections(loaded: LoadedRunbook) -> dict[str, list[TaskSpec]]:
     return {
         "diagnostics.collect": loaded.collectors,
         "recovery.steps": loaded.recovery_steps,
+        "health.rejuvenate.steps": loaded.rejuvenate_steps,
         "pause": loaded.pause_steps,
         "resume": loaded.resume_steps,
         "setup": loaded.setup_steps,

@@ -180,6 +180,33 @@ class Checklist(Model):
     set_aside_after: NonNegativeInt = 2
 
 
+class Rejuvenate(Model):
+    """`health.rejuvenate`: restart a server that rots before it dies, at an item boundary
+    (docs: rejuvenation). Each sign is off unless given; it must hold for `sustained_for` s."""
+
+    metrics: str | None = None  # the server's /metrics; default: the `progress` probe's
+    every: PositiveFloat = 10.0  # seconds between two looks at it
+    decode_drop: float | None = Field(None, gt=0.0, lt=1.0)  # decode this far below baseline
+    first_token_rise: PositiveFloat | None = None  # time to first token this far above it (1: 2x)
+    preemptions_per_minute: PositiveFloat | None = None  # more preemptions a minute than this
+    memory_limit_mb: PositiveFloat | None = None  # the resident memory the server must not reach
+    memory_horizon: PositiveFloat = 7200.0  # s: its slope reaches the limit within this
+    sustained_for: NonNegativeFloat = 600.0  # s a sign must hold before a restart is due
+    warmup: NonNegativeFloat = 120.0  # s after a (re)start before anything is measured
+    baseline: PositiveFloat = 300.0  # s after the warmup over which the baseline is measured
+    window: PositiveFloat = 120.0  # s of scrapes the numbers now are measured over
+    min_tokens: PositiveInt = 200  # decode tokens a window needs to say anything
+    min_age: NonNegativeFloat = 1800.0  # s: a server younger than this is never restarted
+    at_most_every: NonNegativeFloat = 3600.0  # s: never again within this of the last restart
+    # the server's process, for its resident memory when its /metrics lacks it (a pid file)
+    pid_file: str | None = None
+    inter_token: str = "vllm:inter_token_latency_seconds"  # older vLLM: ...time_per_output_token
+    first_token: str = "vllm:time_to_first_token_seconds"
+    preemptions: str = "vllm:num_preemptions_total"
+    resident: str = "process_resident_memory_bytes"
+    steps: list[TaskEntry] = []  # the restart; default: the recovery steps
+
+
 class Health(Model):
     probes: list[Probe] = []  # the checks; the service is healthy when every one passes
     failures_before_dead: PositiveInt = 2  # consecutive failed rounds before it counts as dead
@@ -188,6 +215,7 @@ class Health(Model):
     # the users besides the run's own and root whose server on a probe's loopback port is
     # trusted (names or uids: a service account such as `vllm`); another user's is a death
     trusted_users: list[str | int] = []
+    rejuvenate: Rejuvenate | None = None  # a restart at an item boundary before the death
 
 
 class Diagnostics(Model):

@@ -143,6 +143,25 @@ class GovernorStatus(TypedDict):
     changed: float  # epoch of the last decision (the run's start: the first worker)
 
 
+class LastRejuvenation(TypedDict):
+    """The last restart of a server that rotted (loop/rejuvenation.py)."""
+
+    time: float  # epoch
+    signs: list[str]
+    found: str  # what the signs found, in words
+    recovered: bool
+    seconds: float
+
+
+class RejuvenationStatus(TypedDict):
+    """`health.rejuvenate`: this run's restarts before a death, by sign; one due now."""
+
+    count: int
+    by_sign: dict[str, int]
+    due: list[str] | None  # the signs of a restart due at the next boundary
+    last: LastRejuvenation | None
+
+
 class Status(ChecklistFields, PauseFields):
     """status.json: where the loop stands, one object."""
 
@@ -166,6 +185,7 @@ class Status(ChecklistFields, PauseFields):
     set_aside: NotRequired[list[str]]  # items set aside as the cause of deaths (docs: deaths)
     workers: NotRequired[list[Worker]]  # with loop.workers > 1: each worker's item and phase
     governor: NotRequired[GovernorStatus]  # with workers: auto
+    rejuvenation: NotRequired[RejuvenationStatus]  # with health.rejuvenate
     lifecycle: NotRequired[LifecycleStatus]  # only with `setup:`/`teardown:` or a marker left
 
 

@@ -89,6 +89,9 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "worker-conflict": (["worker", "item", "conflicts", "of", "reason"], []),
     "worker-retry": (["worker", "item", "reason", "waits"], []),
     "governor": (["workers", "was", "of", "reason"], []),
+    "rejuvenation-due": (["signs", "reason", "in_flight"], []),
+    "rejuvenated": (["rejuvenation", "signs", "reason", "recovered", "seconds", "before",
+                     "baseline"], ["pid_before", "pid_after", "error"]),
 }  # fmt: skip
 
 
