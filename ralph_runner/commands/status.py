@@ -31,6 +31,7 @@ from ralph_runner.workspace.status_file import (
     LifecycleStatus,
     LimitedStatus,
     Pause,
+    RejuvenationStatus,
     Status,
     checked,
 )
@@ -106,6 +107,7 @@ def human_lines(status: CheckedStatus) -> list[str]:
         f"deaths:     {status['deaths']}" + _last_death(status["last_death"]),
         *_last_start(status["last_start"]),
     ]
+    lines.extend(_rejuvenation(status.get("rejuvenation")))
     if item:
         lines.append(f"item:       {item}" + (f" ({phase})" if phase else ""))
     if status["running"]:  # loop.workers > 1: each worker's item; auto: the governor's say
@@ -242,6 +244,23 @@ def _last_start(start: LastStart | None) -> list[str]:
         else f"its start failed: {start['reason']}"
     )
     return [f"started:    the service was not running at {start['time']}: {done}"]
+
+
+def _rejuvenation(rejuvenation: RejuvenationStatus | None) -> list[str]:
+    """health.rejuvenate: restarts before a death (no death), the last one, one due now."""
+    if rejuvenation is None:
+        return []
+    by = ", ".join(f"{sign} {n}" for sign, n in rejuvenation["by_sign"].items())
+    line = f"rejuvenated: {rejuvenation['count']}" + (f" ({by})" if by else "")
+    if last := rejuvenation["last"]:
+        when = datetime.fromtimestamp(last["time"]).astimezone().isoformat(timespec="seconds")
+        done = "restarted" if last["recovered"] else "NOT restarted"
+        line += f"; last {when}: {last['found']}: {done} in {last['seconds']:g} s"
+    lines = [line]
+    if rejuvenation["due"]:
+        signs = ", ".join(rejuvenation["due"])
+        lines.append(f"rejuvenate: due at the next item boundary ({signs})")
+    return lines
 
 
 def _last_death(death: LastDeath | None) -> str:

@@ -256,6 +256,8 @@ def cells(reading: LoopReading, now: float, stale: str | None = None) -> list[st
     since = (pause["since"] if pause else None) if status["paused"] else status["step_started"]
     step = durations.cell(now - since) if status["running"] and since is not None else ""
     deaths = str(status["deaths"])  # the last one's fault: in the details' title
+    if (rejuvenation := status.get("rejuvenation")) and rejuvenation["count"]:
+        deaths += f" ♻{rejuvenation['count']}"  # restarts before a death: not deaths
     counts = f"{status.get('done', 0)}/{status.get('todo', 0)}/{status.get('skipped', 0)}"
     return [
         stale or state_text(status, reading.death_time, now),

@@ -152,6 +152,22 @@ class ItemDeaths(TypedDict):
     largest_prompt: int | None  # characters, the largest it was sent with at a death
 
 
+class RejuvenationRow(TypedDict):
+    """A restart before a death (health.rejuvenate): its signs and numbers before and after."""
+
+    rejuvenation: int | None
+    time: str | None
+    host: str
+    signs: list[str]
+    found: str
+    recovered: bool
+    seconds: float | None
+    decode_baseline: float | None  # tokens/s: the rotted server's own baseline
+    decode_before: float | None  # ... when the restart fell due
+    decode_after: float | None  # the new server's baseline
+    resident_mb_before: float | None
+
+
 class Answers(TypedDict):
     """Every answer (`ralph-run deaths --json`, less its `deaths`)."""
 
@@ -168,6 +184,7 @@ class Answers(TypedDict):
     prompt_size: PromptSize
     by_item: list[ItemDeaths]  # most deaths first
     throughput: Throughput
+    rejuvenations: list[RejuvenationRow]  # restarts before a death: no death counted
 
 
 class DeathRow(TypedDict):

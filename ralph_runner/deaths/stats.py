@@ -31,6 +31,7 @@ from ralph_runner.deaths.answers import (
     ItemDeaths,
     PromptSize,
     Recovery,
+    RejuvenationRow,
     SignatureRow,
     Throughput,
     Tokens,
@@ -250,6 +251,42 @@ def tables(data: Data) -> Answers:
         "prompt_size": prompt_buckets(deaths, data.iterations),
         "by_item": by_item(deaths, data.iterations),
         "throughput": throughput(data.iterations),
+        "rejuvenations": rejuvenations(data),
+    }
+
+
+def rejuvenations(data: Data) -> list[RejuvenationRow]:
+    """Each restart before a death, with the new server's baseline once it was measured."""
+    rows: list[RejuvenationRow] = []
+    for entry in data.rejuvenations:
+        before, baseline = _numbers(entry.get("before")), _numbers(entry.get("baseline"))
+        after = _numbers(data.rejuvenated_after.get(entry.get("rejuvenation")))
+        number, seconds = entry.get("rejuvenation"), entry.get("seconds")
+        signs = entry.get("signs")
+        rows.append({
+            "rejuvenation": number if isinstance(number, int) else None,
+            "time": str(entry["time"]) if "time" in entry else None,
+            "host": str(entry.get("host") or "?"),
+            "signs": [str(s) for s in signs] if isinstance(signs, list) else [],
+            "found": str(entry.get("found") or ""),
+            "recovered": entry.get("recovered") is True,
+            "seconds": float(seconds) if isinstance(seconds, int | float) else None,
+            "decode_baseline": baseline.get("decode"),
+            "decode_before": before.get("decode"),
+            "decode_after": after.get("decode"),
+            "resident_mb_before": before.get("resident_mb"),
+        })  # fmt: skip
+    return rows
+
+
+def _numbers(value: object) -> dict[str, float]:
+    """A record's numbers (before, baseline, after): the numeric ones."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in value.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
     }
 
 

@@ -17,6 +17,7 @@ from ralph_runner.deaths.answers import (
     ItemDeaths,
     PromptSize,
     Recovery,
+    RejuvenationRow,
     Throughput,
 )
 from ralph_runner.output.durations import statistic
@@ -62,7 +63,8 @@ def text(answers: Answers, data: stats.Data) -> list[str]:
     if not totals["deaths"]:
         iterations = totals["iterations"]
         lines.append(f"no deaths recorded ({plural(iterations, 'iteration')} in the history)")
-        return [*lines, *throughput_lines(answers["throughput"])]
+        rejuvenated = rejuvenation_lines(answers["rejuvenations"])
+        return [*lines, *rejuvenated, *throughput_lines(answers["throughput"])]
     span = f", {when(totals['from'])} – {when(totals['to'])}" if totals["from"] else ""
     lines += [
         "",
@@ -108,11 +110,40 @@ def text(answers: Answers, data: stats.Data) -> list[str]:
         "",
         *item_lines(answers["by_item"]),
         "",
+        *rejuvenation_lines(answers["rejuvenations"]),
         *throughput_lines(answers["throughput"]),
         "",
         *each_death(data.deaths),
     ]
     return lines
+
+
+def rejuvenation_lines(rows: list[RejuvenationRow]) -> list[str]:
+    """Restarts before a death (health.rejuvenate): not deaths; decode before and after."""
+    if not rows:
+        return []
+
+    def tokens(value: float | None) -> str:
+        return "?" if value is None else f"{value:.1f}"
+
+    return [
+        f"{plural(len(rows), 'rejuvenation')} (restarts at an item boundary, no death):",
+        *table(
+            ["#", "time", "signs", "restarted", "decode tokens/s baseline > before > after"],
+            [
+                [
+                    str(row["rejuvenation"] or "?"),
+                    str(row["time"] or "?")[:19].replace("T", " "),
+                    ", ".join(row["signs"]),
+                    "yes" if row["recovered"] else "NO",
+                    f"{tokens(row['decode_baseline'])} > {tokens(row['decode_before'])} > "
+                    f"{tokens(row['decode_after'])}",
+                ]
+                for row in rows
+            ],
+        ),
+        "",
+    ]
 
 
 ITEMS_SHOWN = 10  # items in the text's table of tokens per item (the costliest); --json: all

@@ -36,7 +36,7 @@ SIGNATURE_CHARS = 80
 MOVING = (
     events.IterationStarted, events.Summary, events.Done, events.Skip, events.Strike,
     events.UsageLimitHit, events.Death, events.Report, events.Recovery, events.Receipt,
-    events.Paused, events.Resumed,
+    events.Paused, events.Resumed, events.Rejuvenated,
 )  # fmt: skip
 
 
@@ -100,6 +100,12 @@ class Textfile:
         )
         self.recoveries = Counter(
             "ralph_recoveries", "Recoveries by outcome.", ["host", "outcome"], registry=registry
+        )
+        self.rejuvenations = Counter(
+            "ralph_rejuvenations",
+            "Restarts at an item boundary of a server that rotted (no death), by sign.",
+            ["host", "sign"],
+            registry=registry,
         )
         self.recovery_seconds = Histogram(
             "ralph_recovery_duration_seconds",
@@ -240,6 +246,9 @@ class Textfile:
             case events.Receipt():  # an iteration's, from its history line
                 self.prompt_tokens.labels(host).inc(event.prompt_tokens or 0)
                 self.generated_tokens.labels(host).inc(event.generated_tokens or 0)
+            case events.Rejuvenated():
+                for sign in event.signs:
+                    self.rejuvenations.labels(host, sign).inc()
             case events.Paused():
                 self.paused.labels(host).set(1)
             case events.Resumed():

@@ -287,3 +287,11 @@ def test_workers_show_in_the_row_and_each_ones_item_in_the_details() -> None:
     Console(file=shown, width=100).print(*view.details("loop", reading, None, 100, None))
     assert "worker 3: add a test" in shown.getvalue()
     assert view.worker_lines({**status, "running": False}) == []
+
+
+def test_rejuvenations_show_beside_the_deaths_as_a_count_of_their_own() -> None:
+    """health.rejuvenate's restarts are no deaths: the deaths cell keeps its count, ♻N after."""
+    rejuvenation = {"count": 2, "by_sign": {"decode_drop": 2}, "due": None, "last": None}
+    row = view.cells(view.LoopReading(status=death_row(rejuvenation=rejuvenation), wall=D), D)
+    assert row[5] == "1 ♻2"
+    assert view.cells(view.LoopReading(status=death_row(), wall=D), D)[5] == "1"

@@ -50,6 +50,7 @@ def prepare(scenario: Scenario, items: int, rot: dict[str, str], rejuvenate: dic
     start = f"{env} PYTHON={{{{ python }}}} HEALTH_TIMEOUT=1 {{{{ standin_start }}}}"
     start += " {{ port }} {{ standin_dir }}"
     book["recovery"]["steps"][0]["shell"] = start
+    book["metrics"] = {"textfile": "ralph.prom"}  # in the workdir
     agent = book["loop"]["steps"][1]
     agent["shell"] = agent["shell"].replace(" --timeout ", " --max-tokens 80 --timeout ")
     book["health"]["rejuvenate"] = {
@@ -75,7 +76,7 @@ def assert_no_loss(scenario: Scenario, run_events: list[dict[str, Any]]) -> None
 def test_decode_slowing_with_age_is_restarted_at_a_boundary_and_is_fast_again(
     scenario: Scenario,
 ) -> None:
-    prepare(scenario, 16, AGING, DECODE)
+    prepare(scenario, 12, AGING, DECODE)
     pid_before = scenario.standin.pid
     run = scenario.start()
     assert run.wait(100) == 0, run.stderr
@@ -106,6 +107,16 @@ def test_decode_slowing_with_age_is_restarted_at_a_boundary_and_is_fast_again(
     assert status["rejuvenation"]["count"] == len(done)
     assert status["rejuvenation"]["by_sign"] == {"decode_drop": len(done)}
     assert "rejuvenation 1 of vLLM stand-in (decode_drop): restarted" in scenario.death_log()
+    # the operator's other views: status, deaths, the report, the Prometheus textfile
+    assert f"rejuvenated: {len(done)} (decode_drop {len(done)})" in scenario.command("status")
+    deaths = scenario.command("deaths")
+    assert "no deaths recorded" in deaths
+    assert f"{len(done)} rejuvenation" in deaths and "decode_drop" in deaths
+    scenario.command("report", ".")
+    page = (scenario.workspace / ".ralph" / "report.html").read_text(encoding="utf-8")
+    assert 'id="rejuvenations"' in page and f"{baseline:.1f}" in page
+    textfile = (scenario.workspace / "ralph.prom").read_text(encoding="utf-8")
+    assert f'sign="decode_drop"}} {len(done)}.0' in textfile
 
 
 def test_with_two_workers_the_attempts_in_flight_land_before_the_restart(
