@@ -201,9 +201,9 @@ class Rejuvenate(Model):
     # the server's process, for its resident memory when its /metrics lacks it (a pid file)
     pid_file: str | None = None
     inter_token: str = "vllm:inter_token_latency_seconds"  # older vLLM: ...time_per_output_token
-    first_token: str = "vllm:time_to_first_token_seconds"
-    preemptions: str = "vllm:num_preemptions_total"
-    resident: str = "process_resident_memory_bytes"
+    first_token: str = "vllm:time_to_first_token_seconds"  # the time to first token histogram
+    preemptions: str = "vllm:num_preemptions_total"  # the preemptions counter
+    resident: str = "process_resident_memory_bytes"  # resident memory (pid_file: its tree's)
     steps: list[TaskEntry] = []  # the restart; default: the recovery steps
 
 
