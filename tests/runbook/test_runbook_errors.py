@@ -184,6 +184,22 @@ CASES = {
         "pause[0].shel",
         "did you mean 'shell'",
     ),
+    "a rejuvenation's decode drop of more than all of it": (
+        GOOD.replace("loop:\n", "  rejuvenate: { decode_drop: 1.5 }\nloop:\n"),
+        8,
+        "health.rejuvenate.decode_drop",
+        "less than 1",
+    ),
+    "a rejuvenation step's when naming no field of death": (
+        GOOD.replace(
+            "loop:\n",
+            "  rejuvenate:\n    steps:\n      - name: restart\n        shell: x\n"
+            "        when: death.hang\nloop:\n",
+        ),
+        12,
+        "health.rejuvenate.steps[0].when",
+        "did you mean death.hung?",
+    ),
     "a loop step in the resume block": (
         GOOD + "resume:\n  - name: x\n    verify: {}\n",
         16,
