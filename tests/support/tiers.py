@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp")
+TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp", "slurm")
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
@@ -34,7 +34,7 @@ SSH_MODULES = {
 # agents' recipes and scripted stand-in) needs nothing and runs anywhere.
 INSTALL_TIERS = {
     "ssh": "all", "browser": "all", "promtool": "all", "docker": "all",
-    "agents": "marked", "real": "marked", "llamacpp": "all",
+    "agents": "marked", "real": "marked", "llamacpp": "all", "slurm": "all",
 }  # fmt: skip
 NEEDS_INSTALL = "needs_install"  # the marker given here to a test that needs its tier's install
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -50,7 +50,7 @@ _excuses: dict[str, set[str]] = defaultdict(set)  # the entries that excused a s
 def tier_of(item: pytest.Item) -> str:
     path = Path(str(item.path))
     folder, module = path.parent.name, path.stem
-    if folder in ("real", "agents", "docker", "llamacpp"):
+    if folder in ("real", "agents", "docker", "llamacpp", "slurm"):
         return folder
     if module == "test_report_in_a_browser":
         return "browser"
