@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from support.e2e import make_workspace, runbook
 from support.standin import ROOT, START_SCRIPT, free_port, python_env, wait_for
 
 CACHE = ROOT / ".cache"
 SLURM_CONF = CACHE / "slurm" / "slurm.conf"
 UNAVAILABLE = CACHE / "slurm.unavailable"
-STANDIN_PIDS = "kill -TERM -- \"-$(cat .standin/server.pid)\""
+STANDIN_PIDS = 'kill -TERM -- "-$(cat .standin/server.pid)"'
 # a node that cannot bring the server back: after its first start, the first attempt of the
 # job (SLURM_RESTART_COUNT unset) refuses to start it again; a requeued attempt can
 CANNOT_RECOVER = (
@@ -83,6 +82,17 @@ class Loop:
             check=True,
         )
         return done.stdout.splitlines()
+
+    def commit_times(self) -> list[tuple[str, float]]:
+        """The item commits (subject, unix time), oldest first."""
+        done = subprocess.run(
+            ["git", "-C", str(self.workdir), "log", "--reverse", "--format=%ct %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        lines = [line.split(" ", 1) for line in done.stdout.splitlines()[1:]]
+        return [(subject, float(when)) for when, subject in lines]
 
     def attempts(self) -> list[dict[str, Any]]:
         path = self.workdir / ".ralph" / "slurm" / "attempts.jsonl"

@@ -11,7 +11,18 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp", "slurm")
+TIERS = (
+    "unit",
+    "system",
+    "ssh",
+    "browser",
+    "promtool",
+    "docker",
+    "agents",
+    "real",
+    "llamacpp",
+    "slurm",
+)
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
