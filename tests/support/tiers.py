@@ -29,6 +29,7 @@ UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer ru
     "test_limit_patterns", "test_no_mirror_hosts", "test_json_events", "test_iteration",
     "test_status_file", "test_typed_files", "test_claude_limits", "test_governor_policy",
     "test_extra_vars", "test_fault_classes", "test_first_token_pace", "test_item_blame",
+    "test_slurm_script",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
