@@ -14,9 +14,11 @@ value shell-quoted, one comment per rule. The rules live here and in the loop's 
 
 Each attempt appends its start and its end to `.ralph/slurm/attempts.jsonl` in the workdir.
 Slurm delays a requeued job's start (its begin time); a helper left behind by the attempt sets
-StartTime=now once the job is pending again. It outlives the attempt only where Slurm tracks a
-job's processes by their parentage (ProctrackType=proctrack/linuxproc); under proctrack/cgroup
-it is killed with the attempt, and the requeued job starts when Slurm's delay is over.
+StartTime=now 1.1 s after the job is pending again (a node refuses a credential made in the
+second the job's old one was revoked, and Slurm then fails the job). It outlives the attempt
+only where Slurm tracks a job's processes by their parentage (ProctrackType=proctrack/linuxproc);
+under proctrack/cgroup it is killed with the attempt, and the requeued job starts when Slurm's
+delay is over.
 """
 
 from __future__ import annotations
@@ -123,9 +125,13 @@ requeue() {{  # WHY EXIT_CODE: back to pending; a helper that outlives this atte
   local node=${{SLURMD_NODENAME:-}} update=(StartTime=now)
   [[ $exclude_failed_node == 1 && $1 == requeue-server && -n $node ]] &&
     update+=("ExcNodeList=$node")
+  # Slurm's node refuses a job credential made in the second its old one was revoked (the
+  # job fails: "Job credential revoked"): the helper waits 1.1 s once the job is pending.
   ( setsid bash -c 'for _ in $(seq 600); do
-      scontrol show job -o "$1" | grep -q "JobState=PENDING" &&
+      if scontrol show job -o "$1" | grep -q "JobState=PENDING"; then
+        sleep 1.1
         exec scontrol update jobid="$1" "${{@:2}}"
+      fi
       sleep 0.1
     done' requeue-helper "$SLURM_JOB_ID" "${{update[@]}}" </dev/null >/dev/null 2>&1 & )
   scontrol requeue "$SLURM_JOB_ID"

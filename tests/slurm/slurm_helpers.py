@@ -130,11 +130,21 @@ def fleet(
     recovery_prefix: str = "",
     after_agent: str = "",
     max_requeues: int = 2,
+    loop_vars: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Path, list[Loop]]:
     """A runbook, one workspace per loop, and the jobs file that submits them: each loop's
     stand-in server is started by the runbook inside its job, on a port of its own; its
-    teardown stops it and says so in `teardown.log`."""
-    book = runbook(agent_sleep=agent_sleep, after_agent=after_agent, healthy_within=5)
+    teardown stops it and says so in `teardown.log`. `loop_vars`: a loop's own variables (a
+    default for each must be in the runbook's: `runbook_vars`)."""
+    defaults = {
+        key: value for values in (loop_vars or {}).values() for key, value in values.items()
+    }
+    book = runbook(
+        agent_sleep=agent_sleep,
+        after_agent=after_agent,
+        healthy_within=5,
+        variables=dict.fromkeys(defaults, ""),
+    )
     book["recovery"]["steps"][0]["shell"] = recovery_prefix + book["recovery"]["steps"][0]["shell"]
     book["recovery"]["steps"][0]["shell"] += " && printenv CUDA_VISIBLE_DEVICES > server-gpus"
     book["recovery"]["attempts"] = 1
@@ -148,7 +158,7 @@ def fleet(
     for name, items in loops.items():
         workdir = make_workspace(root / name, items)
         facts = {"port": free_port(), "standin_start": str(START_SCRIPT), "python": sys.executable}
-        built.append(Loop(name, workdir, items, facts))
+        built.append(Loop(name, workdir, items, {**facts, **(loop_vars or {}).get(name, {})}))
     jobs = {
         "runbook": "runbook.yaml",
         "defaults": {"gpus": gpus, "time": "10:00", "max_requeues": max_requeues},
