@@ -41,8 +41,8 @@ GPUS = 4  # the node's (ci/install-slurm.sh)
 DIES = '[ {{ dies }} = yes ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]'
 KILL_AFTER_THIRD = f'! {{ {DIES} && grep -q "x] item 3" CHECKLIST.md; }} || {STANDIN_PIDS}'
 CANNOT_RECOVER = (
-    f"if {DIES} && [ -e .standin/started-once ]; then echo 'this node cannot start it' >&2;"
-    " exit 1; fi; touch .standin/started-once; "
+    f"if {DIES} && [ -e server-started-once ]; then echo 'this node cannot start it' >&2;"
+    " exit 1; fi; touch server-started-once; "
 )
 
 

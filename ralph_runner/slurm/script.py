@@ -98,9 +98,9 @@ attempt=${{SLURM_RESTART_COUNT:-0}}
 mkdir -p "$(dirname "$attempts")"
 
 note() {{  # EVENT EXIT_CODE: one JSON line in the workdir's attempts.jsonl
-  printf '{{"job": "%s", "attempt": %s, "node": "%s", "gpus": "%s", "event": "%s", \
-"exit": %s, "at": %s}}\\n' "$SLURM_JOB_ID" "$attempt" "${{SLURMD_NODENAME:-}}" \\
-    "${{CUDA_VISIBLE_DEVICES:-}}" "$1" "$2" "$(date +%s.%N)" >>"$attempts"
+  local line='{{"job": "%s", "attempt": %s, "node": "%s", "gpus": "%s", "event": "%s", '
+  printf "$line"'"exit": %s, "at": %s}}\\n' "$SLURM_JOB_ID" "$attempt" \\
+    "${{SLURMD_NODENAME:-}}" "${{CUDA_VISIBLE_DEVICES:-}}" "$1" "$2" "$(date +%s.%N)" >>"$attempts"
 }}
 
 paused() {{ "$ralph_run" status "$workdir" --json 2>/dev/null | grep -q '"paused": true'; }}
@@ -155,8 +155,8 @@ if [[ $stopping == time-limit ]]; then
   "$ralph_run" resume "$workdir" >/dev/null  # the pause asked above must not hold the next run
   [[ $code == 0 ]] || requeue requeue-time-limit "$code"
 fi
-server_requeues=$(grep '"event": "requeue-server"' "$attempts" |
-  grep -c "\"job\": \"$SLURM_JOB_ID\"")
+this_job=$(printf '"job": "%s"' "$SLURM_JOB_ID")
+server_requeues=$(grep -F "$this_job" "$attempts" | grep -c '"event": "requeue-server"')
 if [[ $code == {gave_up} && -z $stopping ]] && ((server_requeues < max_requeues)); then
   requeue requeue-server "$code"
 fi

@@ -20,10 +20,11 @@ SLURM_CONF = CACHE / "slurm" / "slurm.conf"
 UNAVAILABLE = CACHE / "slurm.unavailable"
 STANDIN_PIDS = 'kill -TERM -- "-$(cat .standin/server.pid)"'
 # a node that cannot bring the server back: after its first start, the first attempt of the
-# job (SLURM_RESTART_COUNT unset) refuses to start it again; a requeued attempt can
+# job (SLURM_RESTART_COUNT unset) refuses to start it again; a requeued attempt can (the marker
+# is not in .standin/, which the start script makes anew)
 CANNOT_RECOVER = (
-    'if [ -e .standin/started-once ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ];'
-    " then echo 'this node cannot start the server' >&2; exit 1; fi; touch .standin/started-once; "
+    'if [ -e server-started-once ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ];'
+    " then echo 'this node cannot start the server' >&2; exit 1; fi; touch server-started-once; "
 )
 
 

@@ -66,6 +66,29 @@ def test_a_job_whose_server_cannot_be_recovered_is_requeued_and_finishes(tmp_pat
     assert job_state(loop.job_id()) == "COMPLETED"
 
 
+def test_a_server_no_node_can_recover_ends_the_job_after_max_requeues(tmp_path: Path) -> None:
+    """max_requeues: 1 and a server that never starts again once it died: the first attempt is
+    requeued, the second ends the job with exit 4 (no requeue loop)."""
+    kill_after_first = '! grep -q "x] only" CHECKLIST.md || ' + STANDIN_PIDS
+    never_again = (
+        "if [ -e server-started-once ]; then echo 'no node can start it' >&2; exit 1; fi;"
+        " touch server-started-once; "
+    )
+    jobs_file, (loop,) = fleet(
+        tmp_path,
+        {"doomed": ["only", "never"]},
+        recovery_prefix=never_again,
+        after_agent=kill_after_first,
+        max_requeues=1,
+    )
+    ralph_slurm("submit", str(jobs_file))
+    wait_ended([loop])
+    events = [(a["event"], a["exit"]) for a in loop.attempts()]
+    assert events == [("start", None), ("requeue-server", 4), ("start", None), ("end", 4)]
+    assert job_state(loop.job_id()) == "FAILED"
+    assert loop.commits()[1:] == ["done: only"]
+
+
 def test_the_time_limit_signal_stops_at_the_item_boundary_and_the_requeued_job_finishes(
     tmp_path: Path,
 ) -> None:
