@@ -51,7 +51,12 @@ alive() { # PIDFILE NAME: the process the pidfile names runs, and is NAME (not a
   [[ -n $pid ]] && grep -qaF "$2" "/proc/$pid/cmdline" 2>/dev/null
 }
 
-node_idle() { sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
+node_up() { # 0 once the node takes jobs; gives up at once when slurmd registered it unusable
+  local state
+  state=$(sinfo -h -N -o '%T %E' 2>/dev/null | head -n 1)
+  [[ $state =~ ^(inval|drain) ]] && give_up "the node registered as ${state} (see .cache/slurm/slurmd.log)"
+  [[ $state =~ ^(idle|mixed|allocated) ]]
+}
 
 install_packages() {
   local missing=()
@@ -147,7 +152,7 @@ start() {
   alive "$STATE/slurmd.pid" slurmd ||
     setsid slurmd -f "$CONF" </dev/null >>"$STATE/slurmd.out" 2>&1 ||
     give_up "slurmd did not start (see .cache/slurm/slurmd.log)"
-  poll "$START_TIMEOUT" node_idle ||
+  poll "$START_TIMEOUT" node_up ||
     give_up "the node did not come up within ${START_TIMEOUT} s: $(sinfo -h -N -o '%T %E' 2>&1 | head -n 1)"
   echo "slurm tier: ready in $((SECONDS - started_at)) s: $(sinfo -V) one node $(hostname -s)," \
     "4 fake GPUs in .cache/slurm/dev; SLURM_CONF=$CONF"

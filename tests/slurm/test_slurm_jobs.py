@@ -95,7 +95,7 @@ def test_the_time_limit_signal_stops_at_the_item_boundary_and_the_requeued_job_f
     """USR1 (what `--signal=B:USR1@T` sends before the time limit), sent while the agent works
     on the first item: that item is finished and committed, the loop stops before the next,
     the job is requeued and its next attempt does the rest."""
-    jobs_file, (loop,) = fleet(tmp_path, {"slow": ["uno", "dos", "tres"]}, agent_sleep="1.5")
+    jobs_file, (loop,) = fleet(tmp_path, {"slow": ["uno", "dos"]}, agent_sleep="1")
     ralph_slurm("submit", str(jobs_file))
     wait_for(
         lambda: loop.status().get("phase") == AGENT_STEP and loop.status().get("item") == "uno",
@@ -146,3 +146,25 @@ def test_status_shows_every_job_joined_with_its_loop(tmp_path: Path) -> None:
     ]
     assert {row["name"]: row["slurm"] for row in rows} == dict.fromkeys(names, "COMPLETED")
     assert all(row["attempts"] == 1 and row["requeues"] == 0 for row in rows)
+
+
+def test_pause_and_resume_steer_one_job_of_the_file(tmp_path: Path) -> None:
+    """`--job NAME` pauses that loop alone at its item boundary (its job keeps its allocation),
+    the other finishes; `resume` lets the paused one finish."""
+    jobs_file, (held, free) = fleet(
+        tmp_path, {"held": ["h1", "h2"], "free": ["f1", "f2"]}, agent_sleep="0.5"
+    )
+    ralph_slurm("submit", str(jobs_file))
+    wait_for(lambda: held.status().get("phase") == AGENT_STEP, 30, "the held loop's agent")
+    paused = ralph_slurm("pause", str(jobs_file), "--job", "held").stdout
+    assert "pause asked for" in paused and str(free.workdir) not in paused
+    wait_for(lambda: held.status().get("paused"), 30, "the held loop paused")
+    wait_ended([free])
+    all_done_once(free)
+    assert job_state(held.job_id()) == "RUNNING"
+    done_while_paused = held.checklist().count("- [x]")
+    assert done_while_paused < len(held.items)
+    ralph_slurm("resume", str(jobs_file), "--job", "held")
+    wait_ended([held])
+    all_done_once(held)
+    assert [a["event"] for a in held.attempts()] == ["start", "end"]
