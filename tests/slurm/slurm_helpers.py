@@ -5,6 +5,7 @@ none), workspaces whose loops run as real Slurm jobs against the stand-in server
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ CANNOT_RECOVER = (
     'if [ -e server-started-once ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ];'
     " then echo 'this node cannot start the server' >&2; exit 1; fi; touch server-started-once; "
 )
+
+
+NOT_THE_AGENTS = (".standin/", "logs/", "server-gpus", "server-started-once", "teardown.log")
 
 
 def tier_missing() -> str | None:
@@ -158,6 +162,9 @@ def fleet(
     built = []
     for name, items in loops.items():
         workdir = make_workspace(root / name, items)
+        # what the server and the tier's steps write there is not the agent's work (its
+        # `git add -A` would commit it, and the loop's verify see it change afterwards)
+        (workdir / ".git" / "info" / "exclude").write_text("\n".join(NOT_THE_AGENTS) + "\n")
         facts = {"port": free_port(), "standin_start": str(START_SCRIPT), "python": sys.executable}
         built.append(Loop(name, workdir, items, {**facts, **(loop_vars or {}).get(name, {})}))
     jobs = {
@@ -198,3 +205,5 @@ def all_done_once(loop: Loop) -> None:
     assert len(ticked) == len(loop.items), ticked
     for item in loop.items:
         assert ticked.count(f"done: {item}") == 1, (item, ticked)
+    output = "".join(p.read_text() for p in (loop.workdir / ".ralph" / "slurm").glob("job-*.out"))
+    assert not re.search(r"strike \d+/\d+", output), output  # each item passed its verify at once
