@@ -35,7 +35,8 @@ class Options(BaseModel):
     # seconds before the time limit at which Slurm sends USR1: the loop stops at its next item
     # boundary and the job is requeued while items remain (--signal=B:USR1@N)
     stop_before_end: Annotated[int, Field(ge=1)] | None = None
-    # requeues after the server could not be recovered (exit 4) or the time limit; 0: none
+    # requeues after the server could not be recovered (exit 4); 0: none. A time-limit stop is
+    # always requeued while items remain (it is progress, not a failure)
     max_requeues: Annotated[int, Field(ge=0)] | None = None
     exclude_failed_node: bool | None = None  # a requeue after exit 4 avoids the node it ran on
     sbatch: list[str] | None = None  # further sbatch options, as they are written: "--qos=long"
