@@ -11,18 +11,8 @@ from pathlib import Path
 
 import pytest
 
-TIERS = (
-    "unit",
-    "system",
-    "ssh",
-    "browser",
-    "promtool",
-    "docker",
-    "agents",
-    "real",
-    "llamacpp",
-    "slurm",
-)
+TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp",
+    "slurm")  # fmt: skip
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
