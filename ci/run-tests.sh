@@ -44,6 +44,9 @@ done
 for binary in /usr/sbin/sshd:ssh/sshd /usr/bin/promtool:promtool/promtool; do
   [[ -x ${binary%%:*} ]] || excuse "${binary##*:}" "${binary%%:*} could not be installed"
 done
+slurm_line=$(tail -n 1 .cache/install-slurm.out 2>/dev/null || true)
+echo "ci: slurm: ${slurm_line:-no output from ci/install-slurm.sh (.cache/install-slurm.out)}"
+[[ -f .cache/slurm.unavailable ]] && excuse slurm/slurm "$(cat .cache/slurm.unavailable)"
 RALPH_ALLOW_SKIP=$(IFS=';'; echo "${allow[*]:-}")
 export RALPH_ALLOW_SKIP
 echo "ci: skips excused: ${RALPH_ALLOW_SKIP:-none}"

@@ -28,6 +28,8 @@ commands:
   ralph-run schema [--markdown]                      the runbook language as JSON Schema
                                                      (--markdown: as a Markdown reference)
   ralph-run demo [--dir DIR]                         the whole thing on a stand-in server
+  ralph-run slurm submit|status|top|pause|resume|stop JOBS.yaml [--job NAME] [--check]
+                                                     loops as Slurm jobs (docs/slurm.md)
 
 exit codes:
   0 checklist finished   2 invalid runbook, inventory or arguments   3 workdir locked by another
@@ -58,6 +60,9 @@ DESCRIPTIONS = {  # each subcommand's --help page opens with its own
     "charts (timeline, signatures, prompt size, the flight recorder before each death).",
     "schema": "Print the runbook language as JSON Schema (for editors), or as a Markdown "
     "reference.",
+    "slurm": "Loops as Slurm jobs: submit one batch job per loop of a jobs file (--check "
+    "prints each job's script), watch them (status, top: Slurm's view joined with each loop's "
+    "status.json), pause, resume or stop (scancel: the loop runs its teardown) one or all.",
     "demo": "The whole thing on a stand-in server: a throw-away workspace and a loop whose "
     "server is broken twice on purpose, recovered each time; ends with its deaths and report.",
 }

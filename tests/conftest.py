@@ -6,7 +6,7 @@ pyproject.toml's `pythonpath`), a folder's own in its *_helpers.py and conftest.
 Every test belongs to one tier (its marker, given by tiers.py from where it lives): `unit` (pure
 functions, no process started: the inner loop, `pytest -m unit`), `system` (real processes on
 loopback: the default), and the tiers that need an install: `ssh`, `browser`, `promtool`, `docker`,
-`agents`, `real`, `llamacpp`. The run ends with a table of the tiers: ran, skipped and why.
+`agents`, `real`, `llamacpp`, `slurm`. The run ends with a table of the tiers: ran, skipped and why.
 
 Under `CI=true` a green run means every tier ran. Excuses are per test: a skipped test fails the
 run unless `RALPH_ALLOW_SKIP` (`tier/what: why; ...`, written by ci/run-tests.sh from the installs'

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp")
+TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp",
+    "slurm")  # fmt: skip
 UNIT_MODULES = {  # no server, no ralph-run, no ansible: the tier a developer runs at every save
     "test_templating", "test_runbook_errors", "test_inventory", "test_plugins", "test_checklist",
     "test_signatures", "test_output", "test_death_log", "test_failure_causes",
     "test_limit_patterns", "test_no_mirror_hosts", "test_json_events", "test_iteration",
     "test_status_file", "test_typed_files", "test_claude_limits", "test_governor_policy",
     "test_extra_vars", "test_fault_classes", "test_first_token_pace", "test_item_blame",
-    "test_signs",
+    "test_signs", "test_slurm_script",
 }  # fmt: skip
 # A test of a unit module marked `system` starts a program (ralph-run, ansible, a second Python)
 # and runs in the system tier.
@@ -35,7 +36,7 @@ SSH_MODULES = {
 # agents' recipes and scripted stand-in) needs nothing and runs anywhere.
 INSTALL_TIERS = {
     "ssh": "all", "browser": "all", "promtool": "all", "docker": "all",
-    "agents": "marked", "real": "marked", "llamacpp": "all",
+    "agents": "marked", "real": "marked", "llamacpp": "all", "slurm": "all",
 }  # fmt: skip
 NEEDS_INSTALL = "needs_install"  # the marker given here to a test that needs its tier's install
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -51,7 +52,7 @@ _excuses: dict[str, set[str]] = defaultdict(set)  # the entries that excused a s
 def tier_of(item: pytest.Item) -> str:
     path = Path(str(item.path))
     folder, module = path.parent.name, path.stem
-    if folder in ("real", "agents", "docker", "llamacpp"):
+    if folder in ("real", "agents", "docker", "llamacpp", "slurm"):
         return folder
     if module == "test_report_in_a_browser":
         return "browser"
