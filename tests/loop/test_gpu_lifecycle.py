@@ -154,6 +154,7 @@ LIMIT = {"regex": "LIMIT REACHED", "reset": "none", "source": "test"}
         ("limited", 7),
         ("SIGTERM", 143),
         ("SIGINT", 130),
+        ("runbook error", 2),
     ],
 )
 def test_teardown_runs_exactly_once_whatever_the_end(
@@ -179,12 +180,16 @@ def test_teardown_runs_exactly_once_whatever_the_end(
         book["checklist"]["strikes"] = 1
         book["limits"] = {"max_wait": 1, "patterns": [LIMIT]}
         scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+    if end == "runbook error":  # a template that fails only when the step renders it
+        book = yaml.safe_load(scenario.runbook_path.read_text())
+        book["loop"]["steps"][1]["shell"] = "echo {{ 1 // (iteration - iteration) }}"
+        scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
     if end == "gave up":
         scenario.standin.stop()
     run = scenario.start()
     if end in ("SIGTERM", "SIGINT"):
         run.wait_agent(1)
-        run.send(signal.SIGTERM if end == "SIGTERM" else signal.SIGINT)
+        run.send(getattr(signal, end))
 
     assert run.wait() == expected, (run.events, run.stderr)
     asked = sched.asked()
