@@ -123,7 +123,7 @@ def apply(copy: Path, item: Break) -> None:
     path.write_text(path.read_text(encoding="utf-8").replace(item.find, item.replace, 1), "utf-8")
 
 
-def run_tests(copy: Path, tests: list[str]) -> TestRun:
+def run_tests(copy: Path, tests: list[str], jobs: int = 1) -> TestRun:
     """The tests in `copy`, with its code first on the path; compiled first, as CI does (the
     tests start ralph-run many times, and PYTHONDONTWRITEBYTECODE may be set)."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", "ralph_runner"], cwd=copy, check=False)
@@ -131,7 +131,7 @@ def run_tests(copy: Path, tests: list[str]) -> TestRun:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "RALPH_EVERY_TIER")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    command += ["-x", f"--junitxml={junit}", *tests]
+    command += ["-x", f"--junitxml={junit}", *(["-n", str(jobs)] if jobs > 1 else []), *tests]
     started = time.monotonic()
     process = subprocess.Popen(
         command,
@@ -177,7 +177,11 @@ def tail(output: str, lines: int = 8) -> str:
     return " | ".join(output.strip().splitlines()[-lines:])
 
 
-def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] = print) -> bool:
+def say_now(line: str) -> None:
+    print(line, flush=True)  # CI's log shows each verdict as it comes
+
+
+def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] = say_now) -> bool:
     """Baseline, then every break; True when every break was caught."""
     problems = [(b.name, p) for b in breaks.breaks if (p := text_problem(root, b))]
     for name, problem in problems:
@@ -187,7 +191,8 @@ def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] =
     files = checkout_files(root)
     every_test = list(dict.fromkeys(t for b in breaks.breaks for t in b.tests))
     with tempfile.TemporaryDirectory(prefix="mutation-guard-") as scratch:
-        baseline = run_tests(copy_checkout(root, files, Path(scratch, "baseline")), every_test)
+        baseline_copy = copy_checkout(root, files, Path(scratch, "baseline"))
+        baseline = run_tests(baseline_copy, every_test, jobs)
         say(
             f"baseline: {baseline.passed} passed, {baseline.failed} failed, {baseline.skipped}"
             f" skipped of {len(every_test)} named, {baseline.seconds:.0f} s"
@@ -229,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         breaks = BreakList(breaks=chosen)
     started = time.monotonic()
     ok = guard(breaks, options.root.resolve(), options.jobs)
-    print(f"mutation guard: {time.monotonic() - started:.0f} s")
+    say_now(f"mutation guard: {time.monotonic() - started:.0f} s")
     return 0 if ok else 1
 
 

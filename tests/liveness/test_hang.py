@@ -19,6 +19,7 @@ import yaml
 from engine_helpers import Engine
 from support.e2e import AGENT_STEP, Scenario, make_workspace
 from support.faithful import Stream, long_request
+from support.http_post import post_command
 from support.standin import ROOT, cmdline_of, process_gone, python_env, wait_for
 
 from ralph_runner import probes
@@ -159,7 +160,7 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
         f"""\
         echo opencode >> {calls}
         if [ "$(grep -c '^opencode' {calls})" = 2 ]; then
-            curl -s -X POST {engine.root_url}/admin/hang
+            {post_command(f'{engine.root_url}/admin/hang')}
             exec sleep 300
         fi
         sed -i '0,/- \\[ \\]/s//- [x]/' CHECKLIST.md && git commit -qam "agent: done"
@@ -171,7 +172,7 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
         "start_vllm.sh",
         f"""\
         echo start >> {calls}
-        curl -s -X POST {engine.root_url}/admin/resume
+        {post_command(f'{engine.root_url}/admin/resume')}
         """,
     )
     extra = {
