@@ -1,4 +1,4 @@
-"""ci/mutation_guard.py [--list ci/mutations.yaml] [--jobs N]: the tests catch the breaks they claim.
+"""ci/mutation_guard.py [--list ci/mutations.yaml] [--jobs N]: tests catch the breaks they claim.
 
 Each entry of the list is a deliberate break of one core rule (the hang bound's margin, a death
 charged as a strike, teardown skipped, ...): a file, its exact text, the text put in its place,
@@ -126,7 +126,8 @@ def apply(copy: Path, item: Break) -> None:
 def run_tests(copy: Path, tests: list[str], jobs: int = 1) -> TestRun:
     """The tests in `copy`, with its code first on the path; compiled first, as CI does (the
     tests start ralph-run many times, and PYTHONDONTWRITEBYTECODE may be set)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "ralph_runner"], cwd=copy, check=False)
+    compiled = [sys.executable, "-m", "compileall", "-q", "ralph_runner"]
+    subprocess.run(compiled, cwd=copy, check=False)
     junit = copy / ".mutation-guard.xml"
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "RALPH_EVERY_TIER")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))

@@ -155,7 +155,8 @@ def test_slow_steps_are_learned_and_a_long_prompt_is_no_failure(standin, proxy):
     assert STEP - 2 * PERIOD <= learned <= STEP + SLACK, learned
     # the last check's bound: margin x the step it learned (not a bound >= 0: a margin doubled
     # in the code must fail here, ci/mutations.yaml)
-    assert watcher.bound() == pytest.approx(MARGIN_X * learned, rel=0.05), (watcher.bound(), learned)
+    bound = watcher.bound()
+    assert bound == pytest.approx(MARGIN_X * learned, rel=0.05), (bound, learned)
 
 
 def test_a_step_slower_than_any_before_is_no_failure(standin, proxy):
