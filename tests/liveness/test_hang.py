@@ -160,7 +160,7 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
         f"""\
         echo opencode >> {calls}
         if [ "$(grep -c '^opencode' {calls})" = 2 ]; then
-            {post_command(f'{engine.root_url}/admin/hang')}
+            {post_command(f"{engine.root_url}/admin/hang")}
             exec sleep 300
         fi
         sed -i '0,/- \\[ \\]/s//- [x]/' CHECKLIST.md && git commit -qam "agent: done"
@@ -172,7 +172,7 @@ def test_vllm_runbook_stops_a_hung_container_and_retries_the_item(tmp_path, engi
         "start_vllm.sh",
         f"""\
         echo start >> {calls}
-        {post_command(f'{engine.root_url}/admin/resume')}
+        {post_command(f"{engine.root_url}/admin/resume")}
         """,
     )
     extra = {

@@ -76,7 +76,7 @@ def selected_tiers(markexpr: str) -> list[str]:
     if not markexpr.strip():
         return list(TIERS)
     expression = Expression.compile(markexpr)
-    return [tier for tier in TIERS if expression.evaluate(lambda name, **_, t=tier: name == t)]
+    return [tier for tier in TIERS if expression.evaluate(lambda name, t=tier, **_: name == t)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
