@@ -189,10 +189,12 @@ def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] =
         say(f"FAIL {name}: {problem}")
     if problems:
         return False
-    files = checkout_files(root)
     every_test = list(dict.fromkeys(t for b in breaks.breaks for t in b.tests))
     with tempfile.TemporaryDirectory(prefix="mutation-guard-") as scratch:
-        baseline_copy = copy_checkout(root, files, Path(scratch, "baseline"))
+        # one snapshot, taken now: every copy is of the same tree, whatever changes meanwhile
+        files = checkout_files(root)
+        pristine = copy_checkout(root, files, Path(scratch, "pristine"))
+        baseline_copy = copy_checkout(pristine, files, Path(scratch, "baseline"))
         baseline = run_tests(baseline_copy, every_test, jobs)
         say(
             f"baseline: {baseline.passed} passed, {baseline.failed} failed, {baseline.skipped}"
@@ -204,7 +206,7 @@ def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] =
 
         def one(numbered: tuple[int, Break]) -> Verdict:
             number, item = numbered
-            copy = copy_checkout(root, files, Path(scratch, f"break-{number}"))
+            copy = copy_checkout(pristine, files, Path(scratch, f"break-{number}"))
             apply(copy, item)
             verdict = judge(item, run_tests(copy, item.tests))
             shutil.rmtree(copy, ignore_errors=True)
