@@ -195,7 +195,7 @@ def guard(breaks: BreakList, root: Path, jobs: int, say: Callable[[str], None] =
         files = checkout_files(root)
         pristine = copy_checkout(root, files, Path(scratch, "pristine"))
         baseline_copy = copy_checkout(pristine, files, Path(scratch, "baseline"))
-        baseline = run_tests(baseline_copy, every_test, jobs)
+        baseline = run_tests(baseline_copy, every_test, min(jobs, len(every_test)))
         say(
             f"baseline: {baseline.passed} passed, {baseline.failed} failed, {baseline.skipped}"
             f" skipped of {len(every_test)} named, {baseline.seconds:.0f} s"

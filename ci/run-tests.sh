@@ -35,6 +35,7 @@ for entry in "${UNAVAILABLE[@]}"; do
   read -r what statement _ <<<"$entry"
   [[ -f $statement ]] || continue
   why=$(tr '\n;' '  ' <"$statement" | head -c 300)
+  why=${why% }
   echo "ci: $what unavailable: $why ($statement)"
   allow+=("$what: $why")
 done
