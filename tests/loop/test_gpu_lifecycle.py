@@ -420,9 +420,26 @@ def test_the_shipped_vllm_local_example_runs_the_lifecycle(scenario: Scenario) -
     assert sched.holders() == {}
 
 
-@pytest.mark.skipif(nvml_works(), reason="this machine has an NVIDIA driver")
-def test_with_no_driver_the_wait_says_so_once_and_falls_back(scenario: Scenario) -> None:
+# NVML where the driver's library is missing, as pynvml says it: planted on a machine that has a
+# driver, so that the case runs on every machine (it used to skip on a GPU host)
+NO_DRIVER_NVML = """
+class NVMLError(Exception):
+    pass
+
+def nvmlInit():
+    raise NVMLError("NVML Shared Library Not Found")
+"""
+
+
+def test_with_no_driver_the_wait_says_so_once_and_falls_back(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No NVML: the scheduler's answer alone counts, or with no command a fixed delay."""
+    if nvml_works():
+        fake = scenario.root / "no-driver"
+        fake.mkdir()
+        (fake / "pynvml.py").write_text(NO_DRIVER_NVML)
+        monkeypatch.setenv("PYTHONPATH", str(fake))  # ralph-run's, before its site-packages
     sched = lifecycle(scenario, ["one"])
     said = scenario.root / "said"
     book: dict[str, Any] = yaml.safe_load(scenario.runbook_path.read_text())
