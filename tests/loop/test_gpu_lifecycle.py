@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER = ROOT / "tests" / "support" / "gpu_sched_standin.py"
+BROKEN_ACTION = ROOT / "tests" / "data" / "plugins" / "broken_action.py"
 RALPH = [sys.executable, "-m", "ralph_runner"]
 JOB, GB = "vllm-chat", 88  # the seed's: 88 of the GPU's 96 GB
 START_MARK = 'echo "$(date +%s.%N) start the server -> 0" >> {{ sched_dir }}/calls.log'
@@ -155,6 +156,8 @@ LIMIT = {"regex": "LIMIT REACHED", "reset": "none", "source": "test"}
         ("SIGTERM", 143),
         ("SIGINT", 130),
         ("runbook error", 2),
+        ("crash", 70),
+        ("workers 2", 0),
     ],
 )
 def test_teardown_runs_exactly_once_whatever_the_end(
@@ -180,13 +183,23 @@ def test_teardown_runs_exactly_once_whatever_the_end(
         book["checklist"]["strikes"] = 1
         book["limits"] = {"max_wait": 1, "patterns": [LIMIT]}
         scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
-    if end == "runbook error":  # a template that fails only when the step renders it
+    if end in ("runbook error", "crash", "workers 2"):
         book = yaml.safe_load(scenario.runbook_path.read_text())
-        book["loop"]["steps"][1]["shell"] = "echo {{ 1 // (iteration - iteration) }}"
+        if end == "runbook error":  # a template that fails only when the step renders it
+            book["loop"]["steps"][1]["shell"] = "echo {{ 1 // (iteration - iteration) }}"
+        elif end == "crash":  # a bug in ralph-run: an action whose code raises (test_crash.py)
+            book["loop"]["steps"][1] = {"name": "explode", "boom": "now"}
+        else:
+            book["loop"]["workers"] = 2
         scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
     if end == "gave up":
         scenario.standin.stop()
-    run = scenario.start()
+    if end == "crash":  # the run through a ralph-run that has the broken action
+        command = [sys.executable, str(BROKEN_ACTION), str(scenario.runbook_path), "--json"]
+        run = RalphRun([*command, "-e", json.dumps(scenario.facts)], scenario.workspace)
+        scenario.runs.append(run)
+    else:
+        run = scenario.start()
     if end in ("SIGTERM", "SIGINT"):
         run.wait_agent(1)
         run.send(getattr(signal, end))
