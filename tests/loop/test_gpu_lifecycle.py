@@ -9,6 +9,7 @@ is; its calls.log says who asked what, when, and in which order."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -488,6 +489,7 @@ def test_with_no_driver_the_wait_says_so_once_and_falls_back(
 # driver's library is the one part not in this machine, so it alone is replaced.
 FAKE_NVML = """
 import os
+import time
 from types import SimpleNamespace
 
 class NVMLError(Exception):
@@ -508,8 +510,20 @@ def nvmlDeviceGetHandleByIndex(index):
 def nvmlDeviceGetMemoryInfo(handle):
     with open(os.environ["FAKE_NVML_FREE"]) as file:
         free = int(file.read()) * 1024 * 1024
+    with open(os.environ["FAKE_NVML_FREE"] + ".looks", "a") as looks:  # when it was read
+        looks.write(f"{time.time()} {free // 1024 // 1024}\\n")
     return SimpleNamespace(free=free, used=0, total=free)
 """
+
+
+EVERY = 0.5  # s between the wait's looks at NVML
+SLACK = 0.4  # s a look or the step's end may come late on a loaded two-core machine
+
+
+def read_looks(path: Path) -> list[tuple[float, int]]:
+    """The fake NVML's reads: (when, the free MiB it said)."""
+    text = path.read_text() if path.exists() else ""
+    return [(float(when), int(mib)) for when, mib in (line.split() for line in text.splitlines())]
 
 
 def test_the_wait_starts_within_a_look_of_the_gpu_memory_freeing(scenario: Scenario) -> None:
@@ -525,7 +539,7 @@ def test_the_wait_starts_within_a_look_of_the_gpu_memory_freeing(scenario: Scena
     book["setup"] = [
         {
             "name": "wait for the GPU",
-            "wait": {"gpu_free_mib": 90112, "every": 0.2, "max": 20},
+            "wait": {"gpu_free_mib": 90112, "every": EVERY, "max": 20},
             "register": "gpu",
         },
         {"name": "say", "shell": "printf '%s\\n' {{ gpu.stdout }} {{ gpu.source }} > {{ said }}"},
@@ -539,17 +553,26 @@ def test_the_wait_starts_within_a_look_of_the_gpu_memory_freeing(scenario: Scena
         command, cwd=scenario.workspace, env=env, stdout=subprocess.PIPE, text=True
     )
     assert run.stdout is not None
+    looks = scenario.root / "free-mib.looks"
     lines = []
     for line in run.stdout:
         lines.append(json.loads(line))
         if lines[-1]["event"] == "block-step":
-            time.sleep(1.0)  # a few looks at 8000 MiB
+            wait_for(lambda: len(read_looks(looks)) >= 3, 20, "three looks at 8000 MiB")
             freed = time.time()
             free.write_text("95000")
             break
     events = [*lines, *(json.loads(line) for line in run.stdout)]
     assert run.wait(60) == 0, events
     setup = next(e for e in events if e["event"] == "block-steps")
-    assert setup["ok"] and setup["time"] - freed < 0.5, (setup, freed)
+    # the looks come `every` apart (measured, not assumed: a wait that looked less often
+    # would fail here), and the step ends within one look (and a loaded machine's slack)
+    seen = read_looks(looks)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
+    assert all(gap < EVERY + SLACK for gap in gaps), gaps
+    assert sorted(gaps)[len(gaps) // 2] < 1.5 * EVERY, gaps  # the median: `every`, not twice it
+    first_free = next(when for when, mib in seen if mib == 95000)
+    assert first_free - freed < EVERY + SLACK, (first_free, freed)
+    assert setup["ok"] and setup["time"] - first_free < SLACK, (setup, first_free)
     text = said.read_text()
     assert "95000 MiB free (NVML), 90112 wanted" in text and text.splitlines()[-1] == "nvml"
