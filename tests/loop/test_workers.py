@@ -62,11 +62,17 @@ def test_two_items_on_the_same_lines_both_land_one_retried(scenario: Scenario) -
     assert_clean(scenario)
 
 
-def test_an_item_that_needs_the_one_before_lands_after_it(scenario: Scenario) -> None:
-    # the first item thinks longer: the second, started at once, fails first and waits
-    prepare(scenario, ["slow one", "needs slow one"], workers=2,
-            sleep="2 if item.index == 0 else 0.1")  # fmt: skip
+def test_an_item_that_needs_the_one_before_lands_after_it(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the first item is done only once the second, started beside it, has failed and been put
+    # back to wait (its event, not a sleep, opens the gate)
+    gate = scenario.root / "slow-gate"
+    monkeypatch.setenv("SLOW_GATE", str(gate))  # the run's, its agent's environment
+    prepare(scenario, ["slow one", "needs slow one"], workers=2)
     run = scenario.start()
+    run.wait_event("worker-retry", timeout=60, item="needs slow one")
+    gate.touch()
     assert run.wait() == 0, run.stderr
     assert scenario.marks() == ["x", "x"]
     assert not strikes(run)
