@@ -8,7 +8,9 @@
 # Idempotent: a second run finds the pinned versions in place and takes seconds.
 # Prints one line: what it installed, or why it could not (the agent tests then skip), each
 # failure naming the agents it leaves out first: "could not: opencode codex (npm not found);
-# claude (npm not found); aider (pip install ... failed, ...)". ci/run-tests.sh excuses those agents' tests by that.
+# claude (npm not found); aider (pip install ... failed, ...)"; and, for each agent it could not
+# install, that statement in .cache/agents/<agent>.unavailable (removed once it installs):
+# ci/run-tests.sh excuses those agents' tests by those files only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,7 @@ AIDER_VENV=.cache/aider-venv
 LOG=.cache/install-agents.log
 
 mkdir -p "$NODE_DIR"
+rm -f "$NODE_DIR"/*.unavailable
 : >"$LOG"
 done_parts=()
 failed_parts=()
@@ -93,6 +96,9 @@ install_claude
 install_aider
 summary="install-agents: ${done_parts[*]:-nothing}"
 if [ "${#failed_parts[@]}" -gt 0 ]; then
+  for part in "${failed_parts[@]}"; do
+    for agent in ${part%% (*}; do echo "install-agents: $part" >"$NODE_DIR/$agent.unavailable"; done
+  done
   failed=$(printf '; %s' "${failed_parts[@]}")
   summary+="; could not: ${failed#; }"
 fi

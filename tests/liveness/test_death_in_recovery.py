@@ -13,6 +13,7 @@ import pytest
 import yaml
 from engine_helpers import Engine
 from support.e2e import make_workspace
+from support.http_post import post_command
 from support.standin import START_SCRIPT, StandIn, python_env
 
 from ralph_runner.liveness import recovery
@@ -146,7 +147,7 @@ def hang_then_recover_runbook(work: Path, engine: Engine, start: str) -> dict:
     admin = f"{engine.root_url}/admin"
     agent = (
         "if [ ! -e ../hung-once ]; then touch ../hung-once; "
-        f"curl -s -X POST {admin}/hang; exec sleep 60; fi; "
+        f"{post_command(f'{admin}/hang')}; exec sleep 60; fi; "
         "sed -i 's/- \\[ \\]/- [x]/' CHECKLIST.md && git commit -qam done"
     )
     return {
@@ -174,7 +175,7 @@ def hang_then_recover_runbook(work: Path, engine: Engine, start: str) -> dict:
                     "name": "stop the hung server",
                     "shell": "echo {{ death.number }} {{ death.phase }}"
                     " {{ death.reasons | join(',') }} > ../stopped;"
-                    f" curl -s -X POST {admin}/resume",
+                    f" {post_command(f'{admin}/resume')}",
                     "when": "death.hung",
                 },
                 {"name": "start", "shell": start},

@@ -176,6 +176,7 @@ class Poller:
         self.url, self.timeout, self.every = url, timeout, every
         self.statuses: list[int | str] = []
         self.bodies: dict[int, str] = {}
+        self.answers: list[tuple[float, str]] = []  # (when it answered, its body), each 200
         self.slowest = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -191,6 +192,8 @@ class Poller:
                 try:
                     answer = client.get(self.url)
                     self.statuses.append(answer.status_code)
+                    if answer.status_code == 200:
+                        self.answers.append((time.monotonic(), answer.text))
                     self.bodies.setdefault(answer.status_code, answer.text)
                     self.slowest = max(self.slowest, time.monotonic() - sent)
                 except httpx.ConnectError:
@@ -203,6 +206,32 @@ class Poller:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(self.timeout + 5)
+
+    def samples(self) -> list[tuple[float, dict[str, float]]]:
+        """Each 200 answer of a /metrics poller: when, and its `llamacpp:` samples."""
+        found = []
+        for when, text in self.answers:
+            values = {}
+            for line in text.splitlines():
+                if line.startswith("llamacpp:"):
+                    name, _, value = line.partition(" ")
+                    values[name] = float(value)
+            found.append((when, values))
+        return found
+
+
+def longest_silence(samples: list[tuple[float, dict[str, float]]]) -> float:
+    """The longest time a request was processing while no token counter moved (neither prompt
+    tokens read nor tokens predicted): what the hang bound must outlast, as the loop saw it."""
+    counters = ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total")
+    longest, last, moved_at = 0.0, None, None
+    for when, values in samples:
+        now = tuple(values.get(name) for name in counters)
+        if now != last or moved_at is None:
+            last, moved_at = now, when
+        elif values.get("llamacpp:requests_processing", 0) > 0:
+            longest = max(longest, when - moved_at)
+    return longest
 
 
 # The agent: ralph-run's stand-in (one streamed chat completion, tick, commit), after a long call

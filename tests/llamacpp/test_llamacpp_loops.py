@@ -20,6 +20,7 @@ import httpx
 import pytest
 from llamacpp_helpers import (
     FAILURES,
+    FLOOR,
     INTERVAL,
     LOAD_MARGIN,
     SERVER,
@@ -30,6 +31,7 @@ from llamacpp_helpers import (
     Server,
     agent_command,
     collector,
+    longest_silence,
     tokens_of,
     wait_until,
 )
@@ -153,6 +155,15 @@ def test_a_long_prompt_behind_a_long_generation_on_one_slot_is_no_death(
     assert loop.marks() == ["x", "x"] and loop.strikes() == {}
     read = healthy_server.metrics()["llamacpp:prompt_tokens_total"] - read_before
     assert size > 8000 and read >= size, (size, read)  # the long prompt was read
+    # ... after it waited for the slot (deferred), and read in silence longer than the hang
+    # bound's floor: the case this test claims, not a prompt that happened to be quick
+    seen = metrics.samples()
+    deferred = max(values.get("llamacpp:requests_deferred", 0) for _, values in seen)
+    assert deferred >= 1, f"the long prompt was never deferred ({len(seen)} looks at /metrics)"
+    silence = longest_silence(seen)
+    assert silence > FLOOR, f"the longest silence, {silence:.1f} s, is within the floor"
+    timings = json.loads((tmp_path / "answer.json").read_text())["timings"]
+    assert timings["prompt_n"] >= 8000 and timings["prompt_ms"] > FLOOR * 1000, timings
 
 
 def test_the_first_start_while_loading_is_a_start_not_a_death(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import sys
 
 import psutil
@@ -17,14 +18,17 @@ from support.e2e import AGENT_STEP, RalphRun, Scenario, runbook
 pytestmark = pytest.mark.timeout(120)
 
 STEP = "leaves children behind"
-# three leftovers, each its own way; the sleeps' lengths tell them apart from any other sleep
+# three leftovers, each its own way; the sleeps' lengths, with a token of this run's own in their
+# fraction, tell them apart from any other sleep on the machine (another checkout's run of this
+# test too: only this run's are matched, and killed if the test fails)
+TOKEN = secrets.randbelow(10**8)
+LENGTHS = tuple(f"{whole}.{TOKEN:08d}" for whole in (1001, 1002, 1003))
 LEAVER = (
-    "sleep 1001.25 & "  # backgrounded: same session, re-parented to init when sh exits
-    "sh -c 'sleep 1002.25 & exit 0'; "  # a double fork
-    "setsid sh -c 'exec sleep 1003.25' & "  # a session of its own
+    f"sleep {LENGTHS[0]} & "  # backgrounded: same session, re-parented to init when sh exits
+    f"sh -c 'sleep {LENGTHS[1]} & exit 0'; "  # a double fork
+    f"setsid sh -c 'exec sleep {LENGTHS[2]}' & "  # a session of its own
     "exit 0"
 )
-LENGTHS = ("1001.25", "1002.25", "1003.25")
 
 
 def _sleeps() -> list[psutil.Process]:

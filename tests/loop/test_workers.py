@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import signal
+import time
 
 import pytest
 import yaml
@@ -17,7 +18,10 @@ from support.e2e import Scenario
 from support.standin import ralph, wait_for
 from support.workers import all_in_flight, assert_clean, git, in_flight_at_most, prepare, strikes
 
+from ralph_runner.loop.pause import POLL
 from ralph_runner.plugins.prometheus_text import metric_sum
+
+HELD_S = 4 * POLL  # s a pause is watched: four of the scheduler's looks at its control file
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,11 +62,17 @@ def test_two_items_on_the_same_lines_both_land_one_retried(scenario: Scenario) -
     assert_clean(scenario)
 
 
-def test_an_item_that_needs_the_one_before_lands_after_it(scenario: Scenario) -> None:
-    # the first item thinks longer: the second, started at once, fails first and waits
-    prepare(scenario, ["slow one", "needs slow one"], workers=2,
-            sleep="2 if item.index == 0 else 0.1")  # fmt: skip
+def test_an_item_that_needs_the_one_before_lands_after_it(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the first item is done only once the second, started beside it, has failed and been put
+    # back to wait (its event, not a sleep, opens the gate)
+    gate = scenario.root / "slow-gate"
+    monkeypatch.setenv("SLOW_GATE", str(gate))  # the run's, its agent's environment
+    prepare(scenario, ["slow one", "needs slow one"], workers=2)
     run = scenario.start()
+    run.wait_event("worker-retry", timeout=60, item="needs slow one")
+    gate.touch()
     assert run.wait() == 0, run.stderr
     assert scenario.marks() == ["x", "x"]
     assert not strikes(run)
@@ -74,7 +84,9 @@ def test_an_item_that_needs_the_one_before_lands_after_it(scenario: Scenario) ->
 
 
 def test_a_death_with_four_in_flight_is_one_death_one_restart(scenario: Scenario) -> None:
-    prepare(scenario, [f"ok {n}" for n in range(1, 7)], sleep="3 if iteration <= 4 else 0.2")
+    # the four first attempts last until the death kills them (it kills every step in flight):
+    # the kill below has no window to land in
+    prepare(scenario, [f"ok {n}" for n in range(1, 7)], sleep="60 if iteration <= 4 else 0.2")
     run = scenario.start()
     all_in_flight(run, 4)
     starts = scenario.standin.starts
@@ -131,10 +143,15 @@ def test_pause_holds_the_run_between_attempts_and_resume_goes_on(scenario: Scena
     started = len(run.of("worker-started"))
     status = run.wait_status(lambda s: s.get("paused") is True, "the paused status")
     assert all(w["item"] is None for w in status["workers"])
-    assert len(run.of("worker-started")) == started  # nothing starts while paused
+    held_until = time.monotonic() + HELD_S  # nothing starts while paused: watched over a window
+    while time.monotonic() < held_until:  # of several of the scheduler's rounds, not one look
+        assert len(run.of("worker-started")) == started, run.events
+        time.sleep(0.05)
     assert ralph("resume", str(scenario.workspace)).returncode == 0
     assert run.wait() == 0, run.stderr
-    assert paused and run.of("resumed")
+    resumed = run.wait_event("resumed")
+    between = run.events[run.events.index(paused) : run.events.index(resumed)]
+    assert not [e for e in between if e["event"] == "worker-started"], between
     assert scenario.marks() == ["x"] * 4
     assert not strikes(run)
     assert_clean(scenario)

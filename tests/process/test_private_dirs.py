@@ -22,9 +22,14 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from support.standin import python_env
+
+from ralph_runner.liveness import recovery_lock
+
+LOCK = "planted-lock-test"  # the runbook's recovery.lock: its file's name follows from it
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
@@ -101,8 +106,13 @@ def test_a_lock_directory_with_a_planted_symlink_stops_the_run(other_user, share
     victim.chmod(0o600)
     theirs = shared_tmp / f"ralph-run-{os.getuid()}"
     as_user(other_user, "mkdir", "-m", "0777", str(theirs))
-    for digest in ("0" * 16, "f" * 16):  # the lock's name is a digest: plant a few
-        as_user(other_user, "ln", "-s", str(victim), str(theirs / f"recovery-{digest}.lock"))
+    # the link at the lock's real name (the runbook names its lock; its file is the digest's),
+    # as ralph-run computes it in that directory: were the directory taken, the lock would be
+    # written through this link
+    with patch.dict(os.environ, {"RALPH_LOCK_DIR": str(theirs)}):
+        planted = recovery_lock._path(recovery_lock.key_for(LOCK, []))
+    assert planted.parent == theirs
+    as_user(other_user, "ln", "-s", str(victim), str(planted))
     work = tmp_path / "work"
     work.mkdir()
     (work / "CHECKLIST.md").write_text("- [ ] an item\n")
@@ -112,6 +122,7 @@ def test_a_lock_directory_with_a_planted_symlink_stops_the_run(other_user, share
             {
                 "workdir": str(work),
                 "health": {"probes": [{"name": "p", "tcp": {"port": 9}, "timeout": 1}]},
+                "recovery": {"lock": LOCK},
                 "loop": {"steps": [{"shell": "true"}]},
             }
         )

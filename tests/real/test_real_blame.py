@@ -112,6 +112,9 @@ def test_a_long_prefill_and_a_long_generation_are_no_death(
     assert not run.of("death") and not run.of("strike"), run.events
     assert receipt(loop)["prompt_tokens"] >= PREFILL_TOKENS, receipt(loop)
     assert len(seconds) == 2 and seconds[1] >= GENERATION_SECONDS - 5, seconds
+    # the case it claims: a prefill whose silence (no token counter moves until its last step)
+    # outlasted the hang bound's floor, not a prompt read within it
+    assert seconds[0] > FLOOR, f"the prefill took {seconds[0]:.1f} s, within the floor {FLOOR} s"
     steps = run.of("step-done", step=AGENT_STEP)
     assert [s["ok"] for s in steps] == [True]
 

@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 TIERS = ("unit", "system", "ssh", "browser", "promtool", "docker", "agents", "real", "llamacpp",
     "slurm")  # fmt: skip
@@ -47,6 +48,7 @@ _seconds: dict[str, float] = defaultdict(float)  # setup + call + teardown, per 
 _needing: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _unexcused: dict[str, list[str]] = defaultdict(list)
 _excuses: dict[str, set[str]] = defaultdict(set)  # the entries that excused a skip, per tier
+_selected: list[str] = list(TIERS)  # the tiers this run's `-m` selects (RALPH_EVERY_TIER)
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -70,7 +72,17 @@ def needs_install(item: pytest.Item, tier: str) -> bool:
     return which == "all" or (which == "marked" and item.get_closest_marker(tier) is not None)
 
 
+def selected_tiers(markexpr: str) -> list[str]:
+    """The tiers that a `-m` expression selects (all of them without one): under
+    RALPH_EVERY_TIER each must run a test. tests/run's two parts select two halves of them."""
+    if not markexpr.strip():
+        return list(TIERS)
+    expression = Expression.compile(markexpr)
+    return [tier for tier in TIERS if expression.evaluate(lambda name, t=tier, **_: name == t)]
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _selected[:] = selected_tiers(config.getoption("markexpr") or "")
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/support/tiers.py)")
     config.addinivalue_line(
@@ -147,7 +159,9 @@ def excuse_for(tier: str, reason: str, value: str | None = None) -> str | None:
 def ci_failures() -> list[str]:
     """Under CI=true, why the run fails though every test that ran passed: skips no entry of
     RALPH_ALLOW_SKIP excuses, and install tiers that ran none of the tests needing the install
-    (only stand-in halves, recipes) while none of those was excused either."""
+    (only stand-in halves, recipes) while none of those was excused either; with
+    RALPH_EVERY_TIER=1 (ci/run-tests.sh), each tier the run selects must have run a test: a tier
+    whose tests were all deselected or never collected does not vanish from the table."""
     if os.environ.get("CI") != "true":
         return []
     failures = []
@@ -157,10 +171,19 @@ def ci_failures() -> list[str]:
             f"the {tier} tier skipped {len(reasons)} test(s) that RALPH_ALLOW_SKIP does not"
             f" excuse ({why})"
         )
+    every_tier = os.environ.get("RALPH_EVERY_TIER") == "1"
+    for tier in _selected if every_tier else ():
+        counts = _outcomes.get(tier, {})
+        if not counts.get("passed", 0) + counts.get("failed", 0) + counts.get("skipped", 0):
+            failures.append(
+                f"the {tier} tier ran no test (none collected, or all deselected), and"
+                " RALPH_EVERY_TIER=1 expects every tier this run selects"
+            )
     for tier in INSTALL_TIERS:
         needing = _needing.get(tier, {})
-        if tier in _outcomes and not needing.get("ran") and not needing.get("excused"):
-            ran = _outcomes[tier]["passed"] + _outcomes[tier]["failed"]
+        present = tier in _outcomes or (every_tier and tier in _selected)
+        if present and not needing.get("ran") and not needing.get("excused"):
+            ran = _outcomes[tier]["passed"] + _outcomes[tier]["failed"] if tier in _outcomes else 0
             failures.append(
                 f"the {tier} tier ran no test that needs its install ({ran} ran that need"
                 " nothing), and RALPH_ALLOW_SKIP excuses none"
@@ -169,7 +192,7 @@ def ci_failures() -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
-    if not _outcomes:
+    if not _outcomes and not ci_failures():
         return
     write = terminalreporter.write_line
     terminalreporter.section("tiers")
@@ -192,5 +215,5 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if ci_failures() and exitstatus == 0:
+    if ci_failures() and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -18,7 +18,10 @@ WORK = r"""#!/bin/bash
 # $1: the item's text. Its first word says what to do.
 item=$1 word=${1%% *}
 case "$word" in
-  ok|slow) echo "$item" > "$(echo "$item" | tr ' ' _).txt" ;;
+  ok) echo "$item" > "$(echo "$item" | tr ' ' _).txt" ;;
+  slow)  # done once $SLOW_GATE exists (a test's signal), at once without one
+    while [ -n "${SLOW_GATE:-}" ] && [ ! -e "$SLOW_GATE" ]; do sleep 0.05; done
+    echo "$item" > "$(echo "$item" | tr ' ' _).txt" ;;
   same) echo "$item" > shared.txt ;;  # every `same` item rewrites the same line
   needs)  # needs the file of the item named after it
     wanted="$(echo "${item#needs }" | tr ' ' _).txt"
