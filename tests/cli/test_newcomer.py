@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.e2e import make_workspace
 from support.standin import python_env, ralph
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,3 +56,47 @@ def test_deaths_and_report_read_this_directory_and_the_report_stays_out_of_the_r
     assert (tmp_path / ".ralph" / "report.html").is_file()
     assert not (tmp_path / "report.html").exists()
     assert "report: .ralph/report.html (0 deaths, 0 iterations" in made.stdout, made.stdout
+
+
+DOCS = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_docs_minimal_runbook_passes_check_saved_outside_the_checkout(
+    page: str, tmp_path: Path
+) -> None:
+    """Item 3: saved anywhere but runbooks/, `include: agents/opencode.yaml` was "no such file"
+    (`use:` fell back to the shipped sets, `include:` did not), and `use: docker` failed on an
+    undefined `container`: the page's runbook, as a newcomer saves it, passes `--check`."""
+    text = (DOCS / page).read_text()
+    found = re.search(
+        r"```yaml\n((?:# yaml-language-server.*\n)?name: my loop\n.*?)```", text, re.S
+    )
+    assert found, f"{page} has no minimal runbook"
+    saved = tmp_path / "my-loop.yaml"
+    saved.write_text(found.group(1))
+    make_workspace(tmp_path / "work", ["one"])
+    checked = subprocess.run(
+        [sys.executable, "-m", "ralph_runner", str(saved), "--check"],
+        cwd=tmp_path / "work", env=python_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert "agents/opencode.yaml" not in checked.stderr
+
+
+def test_an_include_found_nowhere_names_every_place_it_was_looked_for(tmp_path: Path) -> None:
+    """The fallback to the shipped copy is for a shipped file: a name found in neither place
+    stays an error, at the include's line, naming both places."""
+    saved = tmp_path / "loop.yaml"
+    saved.write_text(
+        "name: x\nprompt: p\nloop:\n  steps:\n    - include: agents/no-such-agent.yaml\n"
+    )
+    make_workspace(tmp_path / "work", ["one"])
+    checked = ralph(str(saved), "--check")
+    assert checked.returncode == 2, checked.stderr
+    assert (
+        f"{saved}:5:" in checked.stderr
+        and "no such file: agents/no-such-agent.yaml" in checked.stderr
+    )
+    assert str(tmp_path / "agents" / "no-such-agent.yaml") in checked.stderr
+    assert "runbooks/agents/no-such-agent.yaml" in checked.stderr
