@@ -4,9 +4,11 @@ A fixed delay waits for the clock (and wakes at once on shutdown). The mapping w
 GPU instead: it looks every `every` s (0.5) until a GPU has `gpu_free_mib` free (NVML, read in
 this process: no nvidia-smi) and `command` (the scheduler's answer: exit 0 when there is room)
 succeeds, so a restart starts within a look of the other job's release; past `max` s the task
-fails (timed out). Without an NVIDIA driver (or on a remote host, whose GPUs NVML cannot read)
-it says so once and waits on the command alone, or, with none, `fallback` s as a fixed delay
-would. It registers `waited` (seconds), `source` (what it waited on) and `free_mib`.
+fails (timed out). A command that cannot run (exit 126 or 127: not found, not executable) fails
+the task at its first look, with the shell's error: a typo is not a resource that is busy.
+Without an NVIDIA driver (or on a remote host, whose GPUs NVML cannot read) it says so once and
+waits on the command alone, or, with none, `fallback` s as a fixed delay would. It registers
+`waited` (seconds), `source` (what it waited on) and `free_mib`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from ralph_runner.actions import TaskContext, TaskResult
 from ralph_runner.actions.nvml import MIB
 
 KEY = "wait"
+# the shell's "found but not executable" and "not found": the command's answer will never be yes
+CANNOT_RUN = (126, 127)
 AGENT = False  # a pause of the loop itself: nothing to watch
 
 
@@ -178,7 +182,12 @@ class _ResourceWait:
             if room and command is not None:
                 options = self.ctx.process_options()
                 options["timeout"] = max(deadline - time.monotonic(), params.every)
-                room = self.ctx.connection.shell(command, **options).ok
+                answer = self.ctx.connection.shell(command, **options)
+                if answer.exit_code in CANNOT_RUN:  # a typo, not a busy resource: no 600 s wait
+                    said = answer.output.strip() or f"exit {answer.exit_code}"
+                    self.said.append(f"the command cannot run (exit {answer.exit_code}): {said}")
+                    return self._result(False, source)
+                room = answer.ok
             if room:
                 self.said.append(f"room after {looks} look(s)")
                 return self._result(True, source)

@@ -155,7 +155,10 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
         case events.BlockSteps():
             if e.ok:
                 return p("green", f"  {e.block} steps done in {e.seconds:.1f}s")
-            then = "the run stops" if e.block == "setup" else "what setup holds may be held still"
+            then = "the run stops"
+            if e.block == "teardown":
+                held = e.held is not False
+                then = "what setup holds may be held still" if held else "setup acquired nothing"
             return p("red", f"  {e.block} steps failed: {e.error}; {then}")
         case events.UsageLimitHit():
             reset = "  no reset time given" if e.guessed else f"  it resets at {e.reset}"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.e2e import make_workspace
+import yaml
+from support.e2e import Scenario, make_workspace
 from support.standin import python_env, ralph
+
+from ralph_runner import events
+from ralph_runner.output.lines import human_line
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +106,53 @@ def test_an_include_found_nowhere_names_every_place_it_was_looked_for(tmp_path: 
     )
     assert str(tmp_path / "agents" / "no-such-agent.yaml") in checked.stderr
     assert "runbooks/agents/no-such-agent.yaml" in checked.stderr
+
+
+def test_a_wait_command_that_cannot_run_fails_at_once_and_teardown_knows_nothing_is_held(
+    scenario: Scenario,
+) -> None:
+    """Item 1: a typo in `setup: - wait: {command: ...}` was 600 s of "no room", then exit 4;
+    its `No such file or directory` showed only in teardown's error, which said "what setup
+    holds may be held still" though nothing was acquired. Exit 127 is not a busy resource."""
+    scenario.prepare(["one"])
+    book: dict[str, Any] = yaml.safe_load(scenario.runbook_path.read_text())
+    typo = str(scenario.root / "gpu-shed")  # the scheduler's path, misspelt
+    book["setup"] = [{"name": "acquire", "wait": {"command": f"{typo} acquire job 80", "max": 600}}]
+    book["teardown"] = [{"name": "release", "shell": f"{typo} release job", "timeout": 10}]
+    scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+
+    run = scenario.start()
+    assert run.wait(timeout=45) == 4, (run.events, run.stderr)  # not after `max` (600 s)
+    setup, teardown = run.of("block-steps")
+    assert setup["block"] == "setup" and setup["ok"] is False
+    assert "cannot run (exit 127)" in setup["error"], setup
+    assert "No such file or directory" in setup["error"] or "not found" in setup["error"], setup
+    assert teardown["block"] == "teardown" and teardown["ok"] is False
+    assert teardown["held"] is False, teardown
+    shown = human_line(events.BlockSteps(**_fields(teardown)), lambda _colour, text: text)
+    assert shown is not None and "setup acquired nothing" in shown
+    assert "may be held still" not in shown
+
+
+def test_a_failed_teardown_after_a_setup_that_acquired_still_says_it_may_hold(
+    scenario: Scenario,
+) -> None:
+    """The other side of item 1: a setup step that succeeded may hold what teardown failed to
+    release, and the line keeps saying so."""
+    scenario.prepare(["one"])
+    book: dict[str, Any] = yaml.safe_load(scenario.runbook_path.read_text())
+    book["setup"] = [{"name": "acquire", "shell": "true"}]
+    book["teardown"] = [{"name": "release", "shell": "exit 3", "timeout": 10}]
+    scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+
+    run = scenario.start()
+    assert run.wait() == 0, (run.events, run.stderr)
+    (teardown,) = run.of("block-steps", block="teardown")
+    assert teardown["ok"] is False and teardown["held"] is True, teardown
+    shown = human_line(events.BlockSteps(**_fields(teardown)), lambda _colour, text: text)
+    assert shown is not None and "may be held still" in shown
+
+
+def _fields(event: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(events.BlockSteps)}
+    return {key: value for key, value in event.items() if key in names}
