@@ -71,7 +71,7 @@ def describe(params: float | Resource, ctx: TaskContext) -> str:
         which = "a GPU" if params.gpu is None else f"GPU {params.gpu}"
         wanted.append(f"{which} has {params.gpu_free_mib} MiB free (NVML)")
     if params.command is not None:
-        wanted.append(f"`{_command(params.command, ctx)}` succeeds")
+        wanted.append(f"`{command_line(params.command, ctx)}` succeeds")
     return (
         f"wait until {' and '.join(wanted)}, looking every {params.every:g} s, "
         f"at most {params.max:g} s"
@@ -87,7 +87,8 @@ def run(params: float | Resource, ctx: TaskContext) -> TaskResult:
     return _ResourceWait(params, ctx, cancel, started).run()
 
 
-def _command(text: str, ctx: TaskContext) -> str:
+def command_line(text: str, ctx: TaskContext) -> str:
+    """`command:` rendered as the shell runs it (each value one shell word)."""
     return ctx.templar.render(text, ctx.variables, shell=True, where=ctx.where)
 
 
@@ -171,7 +172,7 @@ class _ResourceWait:
             name for name, used in (("nvml", gpus), ("command", params.command)) if used
         )
         deadline = self.started + self._bound()
-        command = _command(params.command, self.ctx) if params.command else None
+        command = command_line(params.command, self.ctx) if params.command else None
         looks = 0
         while True:
             looks += 1

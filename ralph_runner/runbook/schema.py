@@ -353,6 +353,14 @@ class Notify(Model):
     retries: NonNegativeInt = 2  # more attempts after a failed one
 
 
+class Needs(Model):
+    """What the host must have for the run to get far: `--check` warns of each one missing
+    (a warning, not an error: it may appear before the run needs it)."""
+
+    files: list[str] = []  # files that must exist: a model, a script (templates)
+    commands: list[str] = []  # programs that must be found: a path, or a name on PATH (templates)
+
+
 class Runbook(Model):
     name: str | None = None  # the service's name in death records (a `service_name` var wins)
     hosts: str = "localhost"  # the inventory hosts it runs for: a pattern (Ansible syntax)
@@ -370,6 +378,7 @@ class Runbook(Model):
     notify: Notify = Notify()  # notifications and a dead man's switch
     recorder: Recorder | None = None  # the flight recorder; default: off
     limits: Limits = Limits()  # what an agent's usage limit ("try again at ...") does
+    needs: Needs = Needs()  # files and programs the host must have: `--check` warns of each
     loop: Loop  # the loop: its steps, run for each checklist item
     # tasks run once when a `ralph-run pause` takes effect (e.g. stop the server to free the
     # GPU); a failing one leaves the loop paused, with the failure in status (no death)
