@@ -113,10 +113,11 @@ def unfound(word: str, cwd: Path, path: str) -> str | None:
             return None
         return f"`{word}` not found on PATH"
     target = (cwd / os.path.expanduser(word)).resolve()
+    shown = f"`{word}`" if str(target) == word else f"`{word}` ({target})"
     if not target.exists():
-        return f"`{word}`: no such file ({target})"
+        return f"{shown}: no such file"
     if target.is_dir() or not os.access(target, os.X_OK):
-        return f"`{word}`: not an executable file ({target})"
+        return f"{shown}: not an executable file"
     return None
 
 
@@ -197,8 +198,10 @@ def _uncommitted(workdir: Path, path: Path) -> bool:
     return answer is not None and answer.strip() != ""
 
 
-def _ignored(workdir: Path, path: Path) -> bool:
-    return _git(workdir, "check-ignore", "-q", "--", str(path)) is not None
+def _ignored(workdir: Path, folder: Path) -> bool:
+    """Whether git ignores what the folder will hold (`name/` patterns match a folder only:
+    asked of a file in it, the answer holds before the folder exists)."""
+    return _git(workdir, "check-ignore", "-q", "--", str(folder / "x")) is not None
 
 
 def _git(workdir: Path, *args: str) -> str | None:
