@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from support.e2e import Scenario, make_workspace
-from support.standin import python_env, ralph
+from support.standin import StandIn, free_port, python_env, ralph
 
 from ralph_runner import events
 from ralph_runner.output.lines import human_line
@@ -156,3 +156,40 @@ def test_a_failed_teardown_after_a_setup_that_acquired_still_says_it_may_hold(
 def _fields(event: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(events.BlockSteps)}
     return {key: value for key, value in event.items() if key in names}
+
+
+@pytest.mark.timeout(90)
+def test_demo_yaml_copied_into_ones_own_repository_runs_and_keeps_its_state_out(
+    tmp_path: Path,
+) -> None:
+    """Item 2: `cp runbooks/demo.yaml` as the demo's "next:" says, run in one's own repo, was
+    `start_server.sh: command not found` (exit 4) and `python: python3` (wrong outside the
+    venv); item 7: its `.standin` state sat in the workdir for the agent to commit. Now the
+    stand-in starts as `{{ ralph_python }} -m ralph_runner.standin.start`, its state under
+    ~/.local/state/ralph-run/, and `--check` warns of nothing."""
+    home, work = tmp_path / "home", make_workspace(tmp_path / "mine", ["first", "second"])
+    home.mkdir()
+    copied = work / "my-runbook.yaml"
+    copied.write_text((DOCS / "runbooks" / "demo.yaml").read_text())
+    subprocess.run(["git", "-C", str(work), "add", "my-runbook.yaml"], check=True)
+    subprocess.run(["git", "-C", str(work), "commit", "-qm", "runbook"], check=True)
+    port = free_port()
+    state = home / ".local" / "state" / "ralph-run" / f"standin-{port}"
+    env = python_env(HOME=str(home), PATH="/usr/bin:/bin")  # no venv, no `python` on PATH
+    command = [sys.executable, "-m", "ralph_runner", "my-runbook.yaml", "-e", f"port={port}"]
+    checked = subprocess.run(
+        [*command, "--check"], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0 and checked.stderr == "", checked.stderr
+    try:
+        ran = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=80)
+    finally:
+        StandIn(state, port).stop()
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "- [x] first" in (work / "CHECKLIST.md").read_text()
+    assert (state / "server.log").is_file()
+    assert not (work / ".standin").exists()
+    tracked = subprocess.run(
+        ["git", "-C", str(work), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted(tracked) == ["CHECKLIST.md", "PLAN.md", "my-runbook.yaml"], tracked
