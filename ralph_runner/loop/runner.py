@@ -207,6 +207,8 @@ class Runner:
         loaded.agent_broken = None  # it explained the last stop; this run starts over
         loaded.limited = None
         loaded.error = None
+        # the start this run makes, if any: an old run's failed start is no news after it
+        loaded.last_start = None
         return loaded
 
     def save(self, status_only: bool = False) -> None:

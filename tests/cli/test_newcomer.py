@@ -227,3 +227,34 @@ def test_the_stand_in_agent_ticks_the_longest_item_its_prompt_names(tmp_path: Pa
     assert checklist.read_text() == "- [ ] fix\n- [x] done\n- [x] fix the parser\n"
     assert tick(checklist, "no item named here") == "fix"
     assert tick(checklist, "anything") is None
+
+
+def test_status_shows_only_the_newest_runs_start_not_an_old_failed_one(scenario: Scenario) -> None:
+    """Item 8: `status` showed the first run's failed start ("started: ... its start failed")
+    after later good runs. A run's start is its own: the next run that finds the service up
+    shows none."""
+    scenario.prepare(["one", "two"], attempts=1, delay=0.1)
+    scenario.standin.stop()
+    (scenario.standin.state_dir / "fail_starts").write_text("9\n")  # "CUDA out of memory"
+    first = scenario.start()
+    assert first.wait() == 4, (first.events, first.stderr)
+    shown = scenario.command("status")
+    assert "start:      the service was not running at" in shown and "its start failed" in shown
+
+    (scenario.standin.state_dir / "fail_starts").write_text("0\n")
+    scenario.standin.start(HEALTH_TIMEOUT="1")
+    second = scenario.start()
+    assert second.wait() == 0, (second.events, second.stderr)
+    shown = scenario.command("status")
+    assert "finished" in shown, shown
+    assert "start failed" not in shown and "the service was not running" not in shown, shown
+
+
+def test_no_receipts_before_any_iteration_does_not_blame_the_proxy() -> None:
+    """Item 8: `deaths` with the proxy on and 0 iterations said "(loop.proxy off)"."""
+    from ralph_runner.deaths import stats
+
+    none_yet = stats.throughput([])["too_little"]
+    assert none_yet is not None and "proxy" not in none_yet and "no iterations" in none_yet
+    without = stats.throughput([{"item": "a", "outcome": "done", "seconds": 3.0}])["too_little"]
+    assert without is not None and "loop.proxy off" in without
