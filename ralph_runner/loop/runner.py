@@ -299,6 +299,7 @@ class Runner:
                 signatures=dict(signatures),
                 seconds=round(time.monotonic() - self.started, 1),
                 set_aside=self.blame.this_run,
+                malformed=len(checklist.near_misses(text)),
             )
         )
 

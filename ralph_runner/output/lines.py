@@ -201,6 +201,11 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             return p("cyan", line)
         case events.Summary():
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
+            if not (e.iterations or e.todo or e.stopped_at_max):  # this run had nothing to do
+                how = "nothing to do: no '- [ ]' item in the checklist"
+                if e.malformed:
+                    how += f" ({plural(e.malformed, 'line')} like an item but not one: see above)"
+                how += ": "
             return p(
                 "bold",
                 f"{how}{plural(e.iterations, 'iteration')}, {e.done} done, {e.todo} todo, "

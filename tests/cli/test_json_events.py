@@ -53,7 +53,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "summary": (
         ["stopped_at_max", "iterations", "done", "todo", "skipped", "deaths", "signatures",
          "seconds"],
-        ["set_aside"],
+        ["set_aside", "malformed"],
     ),
     "warning": (["message"], []),
     "death": (["death", "phase", "reason", "fault"], []),

@@ -258,3 +258,47 @@ def test_no_receipts_before_any_iteration_does_not_blame_the_proxy() -> None:
     assert none_yet is not None and "proxy" not in none_yet and "no iterations" in none_yet
     without = stats.throughput([{"item": "a", "outcome": "done", "seconds": 3.0}])["too_little"]
     assert without is not None and "loop.proxy off" in without
+
+
+@pytest.mark.parametrize("left", ["a committed tick and uncommitted work", "an uncommitted tick"])
+def test_an_item_struck_for_its_uncommitted_work_is_not_counted_done(
+    scenario: Scenario, left: str
+) -> None:
+    """Item 7: an item that got a strike for uncommitted changes still ended "done": its tick
+    stayed in CHECKLIST.md and the next look found nothing to do. A failed attempt's tick is
+    undone, so the item is tried again, struck each time, and skipped at `strikes` (3)."""
+    leaves_work = left.endswith("uncommitted work")
+    scenario.prepare(["one"], after_agent="echo more >> notes.txt" if leaves_work else "")
+    book: dict[str, Any] = yaml.safe_load(scenario.runbook_path.read_text())
+    if not leaves_work:
+        for step in book["loop"]["steps"]:
+            if "shell" in step and "standin.agent" in step["shell"]:
+                step["shell"] = step["shell"].replace(" -- ", " --no-commit -- ")
+    scenario.runbook_path.write_text(yaml.safe_dump(book, sort_keys=False))
+
+    run = scenario.start()
+    assert run.wait() == 0, (run.events, run.stderr)
+    reasons = [e["reason"] for e in run.of("strike")]
+    assert len(reasons) == 3, run.events
+    wanted = "uncommitted changes" if leaves_work else "no new commit"
+    assert all(wanted in reason for reason in reasons), reasons
+    assert scenario.checklist() == "- [!] one\n"
+    (summary,) = run.of("summary")
+    assert summary["done"] == 0 and summary["skipped"] == 1, summary
+
+
+def test_a_checklist_of_malformed_lines_says_nothing_to_do(scenario: Scenario) -> None:
+    """Item 7: a CHECKLIST with 0 valid items and malformed lines ended "checklist finished",
+    exit 0: the run says there was nothing to do, and why."""
+    scenario.prepare(["one"])
+    (scenario.workspace / "CHECKLIST.md").write_text("-[ ] one\n- [] two\n")
+    subprocess.run(["git", "-C", str(scenario.workspace), "commit", "-qam", "typo"], check=True)
+    run = scenario.start()
+    assert run.wait() == 0, (run.events, run.stderr)
+    (summary,) = run.of("summary")
+    assert summary["malformed"] == 2 and summary["iterations"] == 0, summary
+    names = {f.name for f in dataclasses.fields(events.Summary)}
+    event = events.Summary(**{k: v for k, v in summary.items() if k in names})
+    shown = human_line(event, lambda _colour, text: text)
+    assert shown is not None and shown.startswith("nothing to do: no '- [ ]' item"), shown
+    assert "2 lines like an item but not one" in shown, shown
