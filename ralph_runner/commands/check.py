@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ralph_runner import crash, templating
+from ralph_runner import crash, template_errors, templating
 from ralph_runner.commands import check_warnings
 from ralph_runner.deaths import log as deaths_log
 from ralph_runner.deaths import wiring
@@ -244,6 +244,8 @@ def _require_known(p: plan.Plan, text: str, scope: dict[str, object], where: Pro
     if missing:
         names = ", ".join(repr(name) for name in missing)
         message = f"undefined variable {names}: no var, iteration fact or register defines it"
+        close = template_errors.closest(missing[0], scope) if len(missing) == 1 else None
+        message += f"; did you mean {close!r}?" if close else ""
         raise FatalError(replace(where, message=message))
 
 

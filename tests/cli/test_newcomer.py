@@ -302,3 +302,58 @@ def test_a_checklist_of_malformed_lines_says_nothing_to_do(scenario: Scenario) -
     shown = human_line(event, lambda _colour, text: text)
     assert shown is not None and shown.startswith("nothing to do: no '- [ ]' item"), shown
     assert "2 lines like an item but not one" in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "said"),
+    [
+        (
+            "name: x\nprompt: p\nloop:\n  steps:\n    - shell: a\n   - shell: b\n",
+            ":6:4:",
+            "this line is indented differently from the lines before it",
+        ),
+        (
+            "name: x\nprompt: p\nvars:\n  a: 1\n  b\n  c: 2\n",
+            ":6:3:",
+            "line 5 is text inside a mapping, with no `key:`",
+        ),
+        ("name: x\nprompt: p\n  loop: 1\n", ":3:7:", "a `key:` where no key can start"),
+        ("name: x\nprompt: p\nloop:\n\tsteps: 1\n", ":4:1:", "a tab in the indentation"),
+        (
+            "name: x\nprompt: p\nloop:\n  steps: [{shell: a}]\nmax_iterations: 3\n",
+            ":5:1:",
+            "'max_iterations' is not a key here: it belongs to loop (is this line indented",
+        ),
+    ],
+)
+def test_indentation_mistakes_are_said_in_a_sentence_at_their_line(
+    tmp_path: Path, text: str, where: str, said: str
+) -> None:
+    """Item 9: bad indentation gave raw PyYAML ("expected <block end>, but found '?'") or "it
+    is a key elsewhere, not here" without saying where."""
+    runbook = tmp_path / "loop.yaml"
+    runbook.write_text(text)
+    checked = ralph(str(runbook), "--check")
+    assert checked.returncode == 2, checked.stderr
+    assert f"{runbook}{where}" in checked.stderr and said in checked.stderr, checked.stderr
+    assert "expected <block end>" not in checked.stderr and "Traceback" not in checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("echo {{ modle }}", "undefined variable 'modle' in template; did you mean 'model'?"),
+        ("echo {{ model | uper }}", "no filter named 'uper'; did you mean 'upper'?"),
+        ("echo {{ 'x' if 3 is od }}", "no test named 'od'; did you mean 'odd'?"),
+    ],
+)
+def test_template_typos_get_a_did_you_mean(tmp_path: Path, template: str, said: str) -> None:
+    """Item 9: `item.txt` had a did-you-mean, a variable, filter or test typo had none (and a
+    filter typo in --check was an internal error, exit 70)."""
+    runbook = tmp_path / "loop.yaml"
+    book = {"name": "x", "prompt": "p", "vars": {"model": "m"}}
+    book["loop"] = {"steps": [{"shell": template}]}
+    runbook.write_text(yaml.safe_dump(book, sort_keys=False))
+    checked = ralph(str(runbook), "--check")
+    assert checked.returncode == 2, checked.stderr
+    assert f"{runbook}:" in checked.stderr and said in checked.stderr, checked.stderr
