@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.e2e import make_workspace
-from support.standin import python_env
+from support.standin import free_port, python_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +148,26 @@ def test_state_inside_the_workdir_is_warned_unless_git_ignores_it(tmp_path: Path
     subprocess.run(["git", "-C", str(work), "commit", "-qm", "ignore"], check=True)
     _, said, _ = check(runbook, work)
     assert said == [], said
+
+
+def test_the_llama_start_script_names_a_missing_model_and_server(tmp_path: Path) -> None:
+    """Item 4: a missing model was told as llama-server's "exiting due to model loading error",
+    without the path, after the server had started; the script now says which file, before."""
+    script = ROOT / "runbooks" / "llama-cpp" / "start_llama_server.sh"
+    missing = tmp_path / "no-such-model.gguf"
+    env = python_env(LLAMA_MODEL=str(missing), LLAMA_DIR=str(tmp_path / "llama"))
+    env["LLAMA_SERVER"] = sys.executable  # a program that exists: only the model is missing
+    env["LLAMA_PORT"] = str(free_port())  # nothing listens there: the script goes on to start
+    started = subprocess.run(
+        ["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert f"no model file at {missing}" in started.stderr, started.stdout + started.stderr
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    env.update(LLAMA_MODEL=str(tmp_path / "model.gguf"), LLAMA_SERVER="no-such-llama-server")
+    started = subprocess.run(
+        ["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert "no-such-llama-server not found" in started.stderr, started.stdout + started.stderr
