@@ -176,6 +176,10 @@ def _inside_workdir(p: plan.Plan) -> list[str]:
     if not git.is_repo(p.workdir):
         return []
     workdir = p.workdir.resolve()
+    try:  # the death log's folder: the run keeps its two files out of git itself
+        death_log = p.path(("diagnostics", "log"), p.model.diagnostics.log).resolve().parent
+    except FatalError:
+        death_log = None
     found = []
     for name, value in p.variables.items():
         if not (isinstance(value, str) and name.endswith("_dir")):
@@ -183,8 +187,8 @@ def _inside_workdir(p: plan.Plan) -> list[str]:
         target = (p.workdir / os.path.expanduser(value)).resolve()
         if target == workdir or not target.is_relative_to(workdir):
             continue
-        if name == "log_dir" or _ignored(p.workdir, target):
-            continue  # the death log's folder: the run keeps it out of git
+        if target == death_log or _ignored(p.workdir, target):
+            continue
         said = (
             f"variable {name!r}: {value} is inside the workdir and git does not ignore it: the"
             " agent's commits take it along; put it outside (e.g. ~/.local/state/...)"
