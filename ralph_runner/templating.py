@@ -61,6 +61,7 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import missing, object_type_repr
 
+from ralph_runner import template_errors
 from ralph_runner.durable import redaction
 from ralph_runner.errors import FatalError, Problem, key_path
 from ralph_runner.process import execute
@@ -355,7 +356,7 @@ class Templar:
         where: the template's place in the runbook, for errors (its message is replaced).
         """
         environment = self._shell if shell else self._text
-        with _reported(where, text):
+        with _reported(where, text, environment, variables):
             rendered = self._compiled(environment, text).render(variables)
             if len(rendered) > MAX_RENDERED:  # e.g. vars that double each other, in a chain
                 raise TemplateRuntimeError(f"the template renders to {_over(len(rendered))}")
@@ -400,7 +401,7 @@ class Templar:
         if not isinstance(expression, str):
             return expression
         source = self._lone_expression(expression) or expression
-        with _reported(where, source):
+        with _reported(where, source, self._text, variables):
             value = self._text.compile_expression(source, undefined_to_none=False)(variables)
             _require_defined(value)
             if isinstance(value, str | list | tuple | dict) and len(value) > MAX_RENDERED:
@@ -415,14 +416,14 @@ class Templar:
         A name guarded somewhere by `default`, `mandatory` or `is defined` is not reported: the
         template expects it may be missing.
         """
-        with _reported(where, text):
+        with _reported(where, text, self._text, variables):
             tree = self._text.parse(text)
+            used = meta.find_undeclared_variables(tree)  # an unknown filter fails here
         guarded = {
             root.name
             for node in tree.find_all((nodes.Filter, nodes.Test))
             if node.name in _GUARDS and isinstance(root := _root(node.node), nodes.Name)
         }
-        used = meta.find_undeclared_variables(tree)
         return used - guarded - set(variables) - set(self._text.globals)
 
     # ---- internals ---------------------------------------------------------------------
@@ -554,46 +555,42 @@ def _below(where: Problem | None, key: str | int) -> Problem | None:
 
 
 @contextmanager
-def _reported(where: Problem | None, text: str) -> Iterator[None]:
-    """Turn whatever a template raises into a FatalError at `where`."""
+def _reported(
+    where: Problem | None,
+    text: str,
+    environment: _Sandbox | None = None,
+    variables: Mapping[str, Any] | None = None,
+) -> Iterator[None]:
+    """Turn whatever a template raises into a FatalError at `where`; a typo of a variable,
+    filter or test gets its did-you-mean from `environment` and `variables`."""
+
+    def worded(message: str) -> str:
+        return template_errors.worded(
+            message,
+            variables=[*(variables or {}), *(environment.globals if environment else {})],
+            filters=environment.filters if environment else (),
+            tests=environment.tests if environment else (),
+        )
+
     try:
         yield
     except TemplateSyntaxError as exc:
         line = f" (line {exc.lineno} of the template)"
-        raise FatalError(_at(where, f"template syntax error: {exc.message}{line}")) from None
+        message = worded(exc.message or str(exc))
+        raise FatalError(_at(where, f"template syntax error: {message}{line}")) from None
     except SecurityError as exc:
-        raise FatalError(_at(where, f"unsafe template: {exc}{_line(exc, text)}")) from None
+        said = template_errors.template_line(exc, text)
+        raise FatalError(_at(where, f"unsafe template: {exc}{said}")) from None
     except TemplateError as exc:
-        raise FatalError(_at(where, f"{exc}{_line(exc, text)}")) from None
+        said = template_errors.template_line(exc, text)
+        raise FatalError(_at(where, f"{worded(str(exc))}{said}")) from None
     except Exception as exc:  # a filter's ValueError, a ZeroDivisionError, ...
-        if not _from_template(exc):
+        if not template_errors.from_template(exc):
             raise  # raised by ralph-run's own code, not by the template: a bug (exit 70)
-        message = f"template error: {type(exc).__name__}: {exc}{_line(exc, text)}"
+        said = template_errors.template_line(exc, text)
+        message = f"template error: {type(exc).__name__}: {exc}{said}"
         raise FatalError(_at(where, message)) from None
-
-
-def _from_template(exc: BaseException) -> bool:
-    """Did the template's own code raise it (`{{ 1 / 0 }}`, a filter given a bad value)?"""
-    traceback = exc.__traceback__
-    while traceback is not None:
-        if traceback.tb_frame.f_code.co_filename == "<template>":
-            return True
-        traceback = traceback.tb_next
-    return False
 
 
 def _at(where: Problem | None, message: str) -> Problem:
     return Problem(message) if where is None else replace(where, message=message)
-
-
-def _line(exc: BaseException, text: str) -> str:
-    """Where a multi-line template failed, from the traceback Jinja rewrites to template lines."""
-    if "\n" not in text.rstrip("\n"):
-        return ""
-    line = None
-    traceback = exc.__traceback__
-    while traceback is not None:
-        if traceback.tb_frame.f_code.co_filename == "<template>":
-            line = traceback.tb_lineno
-        traceback = traceback.tb_next
-    return "" if line is None else f" (line {line} of the template)"

@@ -4,9 +4,11 @@ A fixed delay waits for the clock (and wakes at once on shutdown). The mapping w
 GPU instead: it looks every `every` s (0.5) until a GPU has `gpu_free_mib` free (NVML, read in
 this process: no nvidia-smi) and `command` (the scheduler's answer: exit 0 when there is room)
 succeeds, so a restart starts within a look of the other job's release; past `max` s the task
-fails (timed out). Without an NVIDIA driver (or on a remote host, whose GPUs NVML cannot read)
-it says so once and waits on the command alone, or, with none, `fallback` s as a fixed delay
-would. It registers `waited` (seconds), `source` (what it waited on) and `free_mib`.
+fails (timed out). A command that cannot run (exit 126 or 127: not found, not executable) fails
+the task at its first look, with the shell's error: a typo is not a resource that is busy.
+Without an NVIDIA driver (or on a remote host, whose GPUs NVML cannot read) it says so once and
+waits on the command alone, or, with none, `fallback` s as a fixed delay would. It registers
+`waited` (seconds), `source` (what it waited on) and `free_mib`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from ralph_runner.actions import TaskContext, TaskResult
 from ralph_runner.actions.nvml import MIB
 
 KEY = "wait"
+# the shell's "found but not executable" and "not found": the command's answer will never be yes
+CANNOT_RUN = (126, 127)
 AGENT = False  # a pause of the loop itself: nothing to watch
 
 
@@ -67,7 +71,7 @@ def describe(params: float | Resource, ctx: TaskContext) -> str:
         which = "a GPU" if params.gpu is None else f"GPU {params.gpu}"
         wanted.append(f"{which} has {params.gpu_free_mib} MiB free (NVML)")
     if params.command is not None:
-        wanted.append(f"`{_command(params.command, ctx)}` succeeds")
+        wanted.append(f"`{command_line(params.command, ctx)}` succeeds")
     return (
         f"wait until {' and '.join(wanted)}, looking every {params.every:g} s, "
         f"at most {params.max:g} s"
@@ -83,7 +87,8 @@ def run(params: float | Resource, ctx: TaskContext) -> TaskResult:
     return _ResourceWait(params, ctx, cancel, started).run()
 
 
-def _command(text: str, ctx: TaskContext) -> str:
+def command_line(text: str, ctx: TaskContext) -> str:
+    """`command:` rendered as the shell runs it (each value one shell word)."""
     return ctx.templar.render(text, ctx.variables, shell=True, where=ctx.where)
 
 
@@ -167,7 +172,7 @@ class _ResourceWait:
             name for name, used in (("nvml", gpus), ("command", params.command)) if used
         )
         deadline = self.started + self._bound()
-        command = _command(params.command, self.ctx) if params.command else None
+        command = command_line(params.command, self.ctx) if params.command else None
         looks = 0
         while True:
             looks += 1
@@ -178,7 +183,12 @@ class _ResourceWait:
             if room and command is not None:
                 options = self.ctx.process_options()
                 options["timeout"] = max(deadline - time.monotonic(), params.every)
-                room = self.ctx.connection.shell(command, **options).ok
+                answer = self.ctx.connection.shell(command, **options)
+                if answer.exit_code in CANNOT_RUN:  # a typo, not a busy resource: no 600 s wait
+                    said = answer.output.strip() or f"exit {answer.exit_code}"
+                    self.said.append(f"the command cannot run (exit {answer.exit_code}): {said}")
+                    return self._result(False, source)
+                room = answer.ok
             if room:
                 self.said.append(f"room after {looks} look(s)")
                 return self._result(True, source)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from ralph_runner import crash, templating
+from ralph_runner import crash, template_errors, templating
+from ralph_runner.commands import check_warnings
 from ralph_runner.deaths import log as deaths_log
 from ralph_runner.deaths import wiring
 from ralph_runner.durable.redaction import Redactor
@@ -38,7 +40,12 @@ def main(args: argparse.Namespace) -> int:
     plans = plan.build(args.runbook, args.inventory, args.limit, args.extra_vars, check=True)
     crash.register(redactor=Redactor([s for p in plans for s in p.secret_values()]))
     fleet.check_distinct(plans)
-    rendered = [_render(p) for p in plans]
+    checked = [_render(p) for p in plans]
+    rendered = [result for result, _ in checked]
+    for p, (_, said) in zip(plans, checked, strict=True):
+        host = f"{p.host}: " if len(plans) > 1 else ""
+        for line in said:  # a warning leaves the exit at 0 (docs: troubleshooting)
+            print(f"ralph-run: warning: {host}{line}", file=sys.stderr)
     if args.json:
         print(json.dumps(rendered, indent=2, ensure_ascii=False, default=str))
     else:
@@ -47,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(p: plan.Plan) -> dict[str, object]:
+def _render(p: plan.Plan) -> tuple[dict[str, object], list[str]]:
+    """The rendered plan of one host, and its warnings (check_warnings.py)."""
     model = p.model
     redactor = Redactor(p.secret_values())
     problems: list[FatalError] = []
@@ -64,10 +72,15 @@ def _render(p: plan.Plan) -> dict[str, object]:
         variables = _iteration_vars(p, read=False)
 
     registered = dict.fromkeys(_registered(p))
+    commands: list[check_warnings.RunsHere] = []  # the commands the run will start
 
-    def each(specs, group: tasks.TaskGroup, scope: dict[str, object]) -> list[dict[str, object]]:
+    def each(
+        specs, group: tasks.TaskGroup, scope: dict[str, object], block: str | None = None
+    ) -> list[dict[str, object]]:
         out = []
         for spec in specs:
+            if block is not None:
+                commands.append(check_warnings.RunsHere(block, spec, group, scope))
             try:
                 _check_names(p, spec, {**scope, **registered})
                 out.append(
@@ -110,7 +123,9 @@ def _render(p: plan.Plan) -> dict[str, object]:
         "prompt": model.prompt,
         "loop": {
             "max_iterations": model.loop.max_iterations,
-            "steps": each(p.runbook.loop_steps, controller, variables),
+            "workers": _workers(model.loop),
+            "proxy": _proxy(model.loop),
+            "steps": each(p.runbook.loop_steps, controller, variables, "loop"),
         },
         "health": {
             **model.health.model_dump(exclude={"probes"}),
@@ -124,7 +139,7 @@ def _render(p: plan.Plan) -> dict[str, object]:
         },
         "recovery": {
             **model.recovery.model_dump(exclude={"steps"}),
-            "steps": each(p.runbook.recovery_steps, target, at_death),
+            "steps": each(p.runbook.recovery_steps, target, at_death, "recovery"),
         },
         "recorder": _recorder(p, problems),
     }
@@ -133,7 +148,7 @@ def _render(p: plan.Plan) -> dict[str, object]:
     for block, specs in blocks:
         if specs:  # run on the target at a pause, its resume (loop/pause.py), the run's start
             # and its end (loop/lifecycle.py)
-            result[block] = each(specs, target, {**variables, "phase": block})
+            result[block] = each(specs, target, {**variables, "phase": block}, block)
     try:
         result.update(_followers(p))
     except FatalError as exc:
@@ -144,7 +159,30 @@ def _render(p: plan.Plan) -> dict[str, object]:
         problems.append(exc)
     if problems:
         raise FatalError([problem for exc in problems for problem in exc.problems])
-    return redactor.data(_plain(result))
+    said = [redactor.text(line) for line in check_warnings.warnings(p, commands)]
+    return redactor.data(_plain(result)), said
+
+
+def _workers(loop: Any) -> str:
+    """`loop.workers` in words: how many items at once, and where each one is worked on."""
+    if loop.workers == "auto":
+        return (
+            f"auto: as many items at once as the server has headroom for, up to"
+            f" {loop.max_workers}, each in its own git worktree (docs: workers)"
+        )
+    if loop.workers == 1:
+        return "1: one item at a time, in the workdir"
+    return f"{loop.workers}: items at once, each in its own git worktree (docs: workers)"
+
+
+def _proxy(loop: Any) -> str:
+    """`loop.proxy` in words: whether the agent's requests are counted, and how to point it."""
+    if not loop.proxy:
+        return "off: the agent talks to the server directly; no receipts per iteration"
+    return (
+        "on: the agent's requests go through a loopback proxy ({{ agent_base_url }}) that"
+        " counts this loop's own tokens (each iteration's receipt)"
+    )
 
 
 def _recorder(p: plan.Plan, problems: list[FatalError]) -> dict[str, object] | None:
@@ -206,6 +244,8 @@ def _require_known(p: plan.Plan, text: str, scope: dict[str, object], where: Pro
     if missing:
         names = ", ".join(repr(name) for name in missing)
         message = f"undefined variable {names}: no var, iteration fact or register defines it"
+        close = template_errors.closest(missing[0], scope) if len(missing) == 1 else None
+        message += f"; did you mean {close!r}?" if close else ""
         raise FatalError(replace(where, message=message))
 
 

@@ -77,8 +77,6 @@ def main(args: argparse.Namespace) -> int:
             {
                 "port": port,
                 "standin_dir": str(standin),
-                "standin_start": str(START_SCRIPT),
-                "python": sys.executable,
             }
         )
     ]
@@ -236,6 +234,6 @@ def _show(workspace: Path, json_lines: bool) -> None:
     print(
         "\nnext:\n"
         f"  ralph-run deaths {workspace}     each death: its class, evidence, recovery\n"
-        f"  less {log}     the reports, as the seed's death log had them\n"
+        f"  less {log}     the reports, as the bash loop's death log had them\n"
         f"  cp {RUNBOOK} my-runbook.yaml     a runbook of your own (docs: getting-started)"
     )

@@ -243,7 +243,7 @@ def _last_start(start: LastStart | None) -> list[str]:
         if start["recovered"]
         else f"its start failed: {start['reason']}"
     )
-    return [f"started:    the service was not running at {start['time']}: {done}"]
+    return [f"start:      the service was not running at {start['time']}: {done}"]
 
 
 def _rejuvenation(rejuvenation: RejuvenationStatus | None) -> list[str]:

@@ -343,10 +343,16 @@ def throughput(iterations: list[JSONObject]) -> Throughput:
             totals["generated_tokens"] / done if done and counted else None
         ),
         "by_item": items,
-        "too_little": None
-        if counted
-        else "no receipts in the history (loop.proxy off): tokens per item unknown",
+        "too_little": None if counted else _why_no_tokens(iterations),
     }
+
+
+def _why_no_tokens(iterations: list[JSONObject]) -> str:
+    """Why no iteration has a receipt: none ran yet (the proxy may well be on), or the ones
+    that ran had none (loop.proxy off)."""
+    if not iterations:
+        return "no iterations in the history yet: tokens per item unknown"
+    return "no receipts in the history (loop.proxy off): tokens per item unknown"
 
 
 def _seconds(line: JSONObject) -> float:

@@ -265,6 +265,8 @@ class Summary(Event):
     signatures: dict[str, int]  # this run's deaths by signature, most common first
     seconds: float
     set_aside: int = field(default=0, metadata={OMITTED: 0})  # items its deaths set aside
+    # checklist lines that look like items but are not (never worked on)
+    malformed: int = field(default=0, metadata={OMITTED: 0})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,3 +85,6 @@ class BlockSteps(Event):
     ran: int
     seconds: float
     error: str | None
+    # teardown's: whether setup may hold something (a step of it succeeded, or the last run's
+    # marker); a failed teardown after a setup that acquired nothing says so
+    held: bool | None = field(default=None, metadata=IF_NONE)

@@ -30,6 +30,12 @@ class BlockRun:
     state: BlockState = "running"
     error: str | None = None  # why it failed: the step and how it ended
     ran: int = 0  # steps that ran (not skipped by their `when:`)
+    held: bool | None = None  # teardown's: whether setup may hold something (lifecycle.py)
+
+    @property
+    def completed(self) -> int:
+        """Steps that ran to their end without failing the block."""
+        return self.ran - (1 if self.error else 0)
 
 
 def _step_event(which: BlockName, step: str, skipped: str | None) -> events.Event:
@@ -47,7 +53,9 @@ def _end_event(which: BlockName, block: BlockRun, seconds: float) -> events.Even
         return events.PauseSteps(ok=ok, ran=ran, seconds=seconds, error=error)
     if which == "resume":
         return events.ResumeSteps(ok=ok, ran=ran, seconds=seconds, error=error)
-    return events.BlockSteps(block=which, ok=ok, ran=ran, seconds=seconds, error=error)
+    return events.BlockSteps(
+        block=which, ok=ok, ran=ran, seconds=seconds, error=error, held=block.held
+    )
 
 
 def run_block(
@@ -58,13 +66,14 @@ def run_block(
     cancel: threading.Event,
     between: Callable[[], None],
     shown: Callable[[BlockRun], None] = lambda block: None,
+    held: bool | None = None,
 ) -> BlockRun:
     """Run one block once, its steps in order; its failure is in the result, never raised.
     `between`: called at each step boundary (a pending signal ends setup, pause and resume);
     `shown`: the block in hand, for status.json while it runs."""
     from ralph_runner.runbook import tasks  # the loop's only: `ralph-run pause` needs none
 
-    block = BlockRun(which)
+    block = BlockRun(which, held=held)
     if not specs:
         return block
     shown(block)

@@ -13,6 +13,7 @@ ends it says so once, with `IterationEnded`: the outcome the iteration history w
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -331,6 +332,10 @@ class Iteration:
             with run.lock:
                 st.streak_skipped.append(item.text)  # AgentFoundBroken names the items skipped
             outcome = "skipped"
+        else:  # a tick from a failed attempt is no work done: the item stays to do
+            with self.landing.lock, run.lock:
+                message = f"reopen: {shorten(item.text, SUBJECT)} (its attempt failed)"
+                self.head_moved = reopen(run, item, message) or self.head_moved
         self.end(outcome, reason=reason, strikes=strikes)
 
     def _set_aside(self) -> None:
@@ -514,6 +519,28 @@ def step_entry(spec: TaskSpec, result: TaskResult, redactor: Redactor) -> StepEn
         "reason": failures.reason(spec.name, status, tail, from_process),
         "from_process": from_process,
     }
+
+
+def reopen(run: RunContext, item: checklist.Item, message: str) -> bool:
+    """Undo the tick a failed attempt left on its item (verify failed on "uncommitted changes"
+    after the agent ticked it): `- [ ]` again, so the item is tried again, not counted done.
+    A tick the agent committed is undone by a commit of the checklist alone; True when the
+    head moved."""
+    text = checklist.read(run.checklist_path)
+    current = checklist.find(text, item.text)
+    if current is None or current.mark != checklist.DONE:
+        return False
+    checklist.write(run.checklist_path, checklist.mark(text, current, checklist.TODO))
+    run.counts.forget()
+    if not run.in_repo:
+        return False
+    name = "./" + os.path.relpath(run.checklist_path, run.plan.workdir)
+    committed = git.show(run.plan.workdir, "HEAD", name)
+    found = checklist.find(committed, item.text) if committed is not None else None
+    if found is None or found.mark != checklist.DONE:
+        return False  # the tick was not committed: the file is as HEAD has it again
+    git.commit_paths(run.plan.workdir, message, run.checklist_path)
+    return True
 
 
 def mark_skipped(run: RunContext, item: checklist.Item, message: str) -> bool:

@@ -104,10 +104,16 @@ class Lifecycle:
             self.marker.unlink(missing_ok=True)  # setup alone: nothing left to release
             return
         # Its own cancel: the run's stop is set by the SIGTERM that may be ending it.
-        if self._block("teardown", threading.Event()).error is None:
+        if self._block("teardown", threading.Event(), held=self._may_hold()).error is None:
             self.marker.unlink(missing_ok=True)
 
-    def _block(self, which: str, cancel: threading.Event) -> BlockRun:
+    def _may_hold(self) -> bool:
+        """Whether anything may be held at teardown: a setup step that succeeded, a marker
+        the last run left, or no setup at all (what teardown releases is then not ours to know)."""
+        setup = self.setup_block
+        return setup is None or setup.completed > 0 or self.left is not None
+
+    def _block(self, which: str, cancel: threading.Event, held: bool | None = None) -> BlockRun:
         book, run = self.run.plan.runbook, self.run
 
         def shown(block: BlockRun) -> None:
@@ -125,6 +131,7 @@ class Lifecycle:
             # run, and the second one is ignored until the run is saved (process/signals.py)
             between=run.signals.raise_pending if which == "setup" else lambda: None,
             shown=shown,
+            held=held,
         )
 
     @staticmethod

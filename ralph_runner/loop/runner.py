@@ -207,6 +207,8 @@ class Runner:
         loaded.agent_broken = None  # it explained the last stop; this run starts over
         loaded.limited = None
         loaded.error = None
+        # the start this run makes, if any: an old run's failed start is no news after it
+        loaded.last_start = None
         return loaded
 
     def save(self, status_only: bool = False) -> None:
@@ -299,6 +301,7 @@ class Runner:
                 signatures=dict(signatures),
                 seconds=round(time.monotonic() - self.started, 1),
                 set_aside=self.blame.this_run,
+                malformed=len(checklist.near_misses(text)),
             )
         )
 

@@ -167,7 +167,10 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
         case events.BlockSteps():
             if e.ok:
                 return p("green", f"  {e.block} steps done in {e.seconds:.1f}s")
-            then = "the run stops" if e.block == "setup" else "what setup holds may be held still"
+            then = "the run stops"
+            if e.block == "teardown":
+                held = e.held is not False
+                then = "what setup holds may be held still" if held else "setup acquired nothing"
             return p("red", f"  {e.block} steps failed: {e.error}; {then}")
         case events.UsageLimitHit():
             reset = "  no reset time given" if e.guessed else f"  it resets at {e.reset}"
@@ -210,6 +213,11 @@ def human_line(event: events.Event, p: Painter, verbose: int = 1) -> str | None:
             return p("cyan", line)
         case events.Summary():
             how = "stopped at max_iterations: " if e.stopped_at_max else "checklist finished: "
+            if not (e.iterations or e.todo or e.stopped_at_max):  # this run had nothing to do
+                how = "nothing to do: no '- [ ]' item in the checklist"
+                if e.malformed:
+                    how += f" ({plural(e.malformed, 'line')} like an item but not one: see above)"
+                how += ": "
             return p(
                 "bold",
                 f"{how}{plural(e.iterations, 'iteration')}, {e.done} done, {e.todo} todo, "

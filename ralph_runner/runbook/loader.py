@@ -30,6 +30,7 @@ def shipped(folder: str) -> Path:
 
 
 SHIPPED_COLLECTORS = shipped("collectors")
+SHIPPED_RUNBOOKS = shipped("runbooks")
 
 
 @dataclass
@@ -246,9 +247,10 @@ def _expand(
                 continue
             out += _expand_file(found, schema.CollectorSet, "collect", problems, seen, scope)
         elif isinstance(entry, schema.Include):
-            target = (base / entry.include).resolve()
-            if not target.is_file():
-                problems.append(document.problem((*where, "include"), f"no such file: {target}"))
+            target = find_include(entry.include, base)
+            if target is None:
+                missing = _missing_include(entry.include, base)
+                problems.append(document.problem((*where, "include"), missing))
                 continue
             out += _expand_file(target, schema.TaskFile, "tasks", problems, seen, scope)
         else:
@@ -285,6 +287,27 @@ def _expand_file(
 
 def _nest(positions: dict, key: str) -> dict:
     return {(key, *path): where for path, where in positions.items()}
+
+
+def find_include(name: str, runbook_dir: Path) -> Path | None:
+    """An included file beside the including one, then the copy shipped with us (a runbook
+    copied out of runbooks/ keeps `include: agents/opencode.yaml`, as `use:` keeps its sets)."""
+    for root in _include_roots(name, runbook_dir):
+        candidate = (root / name).resolve()
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _include_roots(name: str, runbook_dir: Path) -> list[Path]:
+    if Path(name).expanduser().is_absolute():
+        return [runbook_dir]
+    return list(dict.fromkeys([runbook_dir.absolute(), SHIPPED_RUNBOOKS.absolute()]))
+
+
+def _missing_include(name: str, base: Path) -> str:
+    places = ", ".join(str(root.absolute() / name) for root in _include_roots(name, base))
+    return f"no such file: {name} (looked for {places})"
 
 
 def _collector_roots(runbook_dir: Path) -> list[Path]:

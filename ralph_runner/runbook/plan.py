@@ -6,6 +6,7 @@ Both the loop and `--check` start from a Plan, so what `--check` shows is what a
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,9 @@ def _resolve(
     merged = inventory.resolve_vars(runbook.model.vars, inv, host, extra)
     merged.setdefault("inventory_hostname", host)
     merged.update(runbook_dir=str(runbook.directory.resolve()), workdir=str(templar.base_dir))
+    # the interpreter running ralph-run: `{{ ralph_python }} -m ralph_runner...` works from any
+    # folder, in or out of a venv (a bare `python` may be another, or none)
+    merged["ralph_python"] = sys.executable
     merged["env"] = dict(os.environ)
     return expand(merged, templar, runbook)
 

@@ -381,6 +381,14 @@ class Notify(Model):
     retries: NonNegativeInt = 2  # more attempts after a failed one
 
 
+class Needs(Model):
+    """What the host must have for the run to get far: `--check` warns of each one missing
+    (a warning, not an error: it may appear before the run needs it)."""
+
+    files: list[str] = []  # files that must exist: a model, a script (templates)
+    commands: list[str] = []  # programs that must be found: a path, or a name on PATH (templates)
+
+
 class Runbook(Model):
     name: str | None = None  # the service's name in death records (a `service_name` var wins)
     hosts: str = "localhost"  # the inventory hosts it runs for: a pattern (Ansible syntax)
@@ -398,6 +406,7 @@ class Runbook(Model):
     notify: Notify = Notify()  # notifications and a dead man's switch
     recorder: Recorder | None = None  # the flight recorder; default: off
     limits: Limits = Limits()  # what an agent's usage limit ("try again at ...") does
+    needs: Needs = Needs()  # files and programs the host must have: `--check` warns of each
     loop: Loop  # the loop: its steps, run for each checklist item
     # tasks run once when a `ralph-run pause` takes effect (e.g. stop the server to free the
     # GPU); a failing one leaves the loop paused, with the failure in status (no death)
@@ -427,32 +436,37 @@ class TaskFile(Model):
     tasks: list[TaskEntry]
 
 
-def _known_keys() -> set[str]:
-    keys: set[str] = set()
-    for model in (
-        Task,
-        Use,
-        Include,
-        Probe,
-        Checklist,
-        Health,
-        Diagnostics,
-        CrashLoop,
-        Recovery,
-        Metrics,
-        Notify,
-        NotifyTarget,
-        Recorder,
-        Limits,
-        LimitPattern,
-        LoopProxy,
-    ):
-        keys.update(model.model_fields)
-    keys.update(Loop.model_fields, Runbook.model_fields, CollectorSet.model_fields)
-    for module in (*actions.KINDS.values(), *probes.KINDS.values()):
+def _known_keys() -> dict[str, list[str]]:
+    """Every key of the language, with where it belongs (for "it is a key of X, not here")."""
+    owners = {
+        "a task": (Task, Use, Include),
+        "a probe": (Probe,),
+        "checklist": (Checklist,),
+        "health": (Health,),
+        "diagnostics": (Diagnostics,),
+        "recovery.crash_loop": (CrashLoop,),
+        "recovery": (Recovery,),
+        "metrics": (Metrics,),
+        "notify": (Notify,),
+        "notify.to": (NotifyTarget,),
+        "recorder": (Recorder,),
+        "limits": (Limits,),
+        "limits.patterns": (LimitPattern,),
+        "loop.proxy": (LoopProxy,),
+        "loop": (Loop,),
+        "the runbook's top level": (Runbook,),
+        "a collector set": (CollectorSet,),
+    }
+    keys: dict[str, list[str]] = {}
+    for owner, models in owners.items():
+        for model in models:
+            for name in model.model_fields:
+                keys.setdefault(name, []).append(owner)
+    for kind, module in (*actions.KINDS.items(), *probes.KINDS.items()):
         if isinstance(module.Params, type) and issubclass(module.Params, BaseModel):
-            keys.update(f.alias or name for name, f in module.Params.model_fields.items())
-    return keys
+            for name, f in module.Params.model_fields.items():
+                keys.setdefault(f.alias or name, []).append(f"`{kind}:`")
+    return {key: list(dict.fromkeys(owners)) for key, owners in keys.items()}
 
 
 def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, ...]:
@@ -470,14 +484,18 @@ def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, .
     return tuple(path)
 
 
-def _message(error: ErrorDetails, path: tuple[str | int, ...], known: set[str]) -> str:
+def _message(error: ErrorDetails, path: tuple[str | int, ...], known: dict[str, list[str]]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         key = path[-1]
+        if str(key) in known:  # a real key, in the wrong place: mostly a line indented wrong
+            where = ", ".join(known[str(key)])
+            return (
+                f"{key!r} is not a key here: it belongs to {where}"
+                " (is this line indented as deep as its siblings?)"
+            )
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        if close and close[0] == key:
-            hint = "; it is a key elsewhere, not here"
         return f"unknown key {key!r}{hint}"
     if kind == "missing":
         return "required key is missing"

@@ -228,7 +228,30 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, file: str) -> Problem:
     mark = exc.problem_mark or exc.context_mark
     reason = exc.problem or exc.context or "invalid YAML"
     line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-    return Problem(f"invalid YAML: {reason}", file, line, column)
+    began = exc.context_mark.line + 1 if exc.context_mark else None
+    return Problem(f"invalid YAML: {_plain_reason(reason, began)}", file, line, column)
+
+
+def _plain_reason(reason: str, began: int | None) -> str:
+    """PyYAML's words for the common mistakes (an indentation, a tab, a missing colon) as a
+    sentence that says what to fix; any other reason as PyYAML gives it."""
+    block = f" (the block that began at line {began})" if began else ""
+    if reason.startswith("expected <block end>"):
+        return (
+            f"this line is indented differently from the lines before it{block}: keys and"
+            " `- ` items of one block must start in the same column"
+        )
+    if reason == "mapping values are not allowed here":
+        return (
+            "a `key:` where no key can start: the line is indented deeper than the key"
+            " before it, or a value holds ': ' (quote it)"
+        )
+    if reason == "could not find expected ':'":
+        where = f"line {began}" if began else "a line"
+        return f"{where} is text inside a mapping, with no `key:`: add the colon, or quote it"
+    if "'\\t'" in reason or "\\t" in reason:
+        return "a tab in the indentation: YAML indents with spaces only"
+    return reason
 
 
 def _explain(text: str, file: str) -> None:

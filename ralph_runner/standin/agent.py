@@ -1,4 +1,8 @@
-"""A stand-in coding agent: one chat completion, then tick the next checklist item and commit.
+"""A stand-in coding agent: one chat completion, then tick its checklist item and commit.
+
+Its item is the one its prompt names (the shipped prompts end with `{{ item.text }}`): the open
+item whose text the prompt holds (the longest, when several do), else the first open one. So
+with `workers: N` each agent ticks the item in hand in its own worktree, as a real agent does.
 
 It behaves like `opencode run` as the loop sees it: it needs the LLM server, it streams the
 answer (`"stream": true`, server-sent events, as opencode, aider and codex all do), and when the
@@ -70,16 +74,27 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
-def tick_first(checklist: Path) -> str | None:
-    """Turns the first todo item's `[ ]` into `[x]` (none inside a ``` or ~~~ fence), every
-    other byte unchanged; the item's text, or None when none is left."""
+def tick(checklist: Path, prompt: str = "") -> str | None:
+    """Turns its item's `[ ]` into `[x]`, every other byte unchanged: the open item whose text
+    the prompt holds (the longest such), else the first open one (none inside a ``` or ~~~
+    fence); the item's text, or None when none is left."""
     data = checklist.read_bytes()
-    for match in UNCHECKED.finditer(data):
-        if len(FENCE.findall(data[: match.start()])) % 2 == 0:  # not inside a fence
-            start, end = match.span(1)
-            checklist.write_bytes(data[:start] + b"[x]" + data[end:])
-            return match.group(2).decode("utf-8", errors="replace").strip()
-    return None
+    todo = [
+        match
+        for match in UNCHECKED.finditer(data)
+        if len(FENCE.findall(data[: match.start()])) % 2 == 0  # not inside a fence
+    ]
+    named = [m for m in todo if _text(m) and _text(m) in prompt]
+    chosen = max(named, key=lambda m: len(_text(m))) if named else (todo[0] if todo else None)
+    if chosen is None:
+        return None
+    start, end = chosen.span(1)
+    checklist.write_bytes(data[:start] + b"[x]" + data[end:])
+    return _text(chosen)
+
+
+def _text(match: re.Match[bytes]) -> str:
+    return match.group(2).decode("utf-8", errors="replace").strip()
 
 
 def commit(message: str) -> str:
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"model: {reply}", flush=True)
     try:
-        item = tick_first(args.checklist)
+        item = tick(args.checklist, prompt)
     except OSError as error:
         print(f"Error: {error}", file=sys.stderr)
         return 1

@@ -225,6 +225,10 @@ fail_with_log() {
 
 launch() {
   : "${LLAMA_MODEL:?set LLAMA_MODEL: the GGUF file to serve}"
+  # said here, by name: llama-server itself says only "exiting due to model loading error"
+  [[ -f $LLAMA_MODEL ]] || { say "no model file at $LLAMA_MODEL (LLAMA_MODEL, the runbook's model_path)" >&2; exit 1; }
+  command -v "$LLAMA_SERVER" >/dev/null ||
+    { say "$LLAMA_SERVER not found (LLAMA_SERVER, the runbook's llama_server): install llama.cpp or give its path" >&2; exit 1; }
   local args=()
   read -r -a args <<<"${LLAMA_ARGS:-}"
   [[ -n ${LLAMA_ALIAS:-} ]] && args+=(--alias "$LLAMA_ALIAS")

@@ -53,7 +53,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "summary": (
         ["stopped_at_max", "iterations", "done", "todo", "skipped", "deaths", "signatures",
          "seconds"],
-        ["set_aside"],
+        ["set_aside", "malformed"],
     ),
     "warning": (["message"], []),
     "death": (["death", "phase", "reason", "fault"], []),
@@ -79,7 +79,7 @@ JSON_EVENTS: dict[str, tuple[list[str], list[str]]] = {
     "pause-steps": (["ok", "ran", "seconds", "error"], []),
     "resume-steps": (["ok", "ran", "seconds", "error"], []),
     "block-step": (["block", "step"], ["skipped"]),
-    "block-steps": (["block", "ok", "ran", "seconds", "error"], []),
+    "block-steps": (["block", "ok", "ran", "seconds", "error"], ["held"]),
     "fleet": (["hosts", "forks"], []),
     "host-done": (["exit_code"], []),  # and `host`, as every event a fleet hands on
     "host-says": (["text"], []),

@@ -269,4 +269,4 @@ def test_a_refused_server_is_started_without_the_hung_step(tmp_path):
     status = json.loads((work / ".ralph" / "status.json").read_text())
     assert status["deaths"] == 0 and status["last_start"]["recovered"] is True
     shown = ralph("status", str(work), cwd=work)
-    assert "started:    the service was not running at" in shown.stdout, shown.stdout
+    assert "start:      the service was not running at" in shown.stdout, shown.stdout

@@ -34,7 +34,7 @@ CHECKLIST = (
 AGENT = (
     "echo {{ item.text | quote }} >> ../worked.log && "
     f"{sys.executable} -c 'from pathlib import Path; from ralph_runner.standin.agent import "
-    'tick_first; tick_first(Path("CHECKLIST.md"))\' && git commit -qam {{ item.text | quote }}'
+    'tick; tick(Path("CHECKLIST.md"))\' && git commit -qam {{ item.text | quote }}'
 )
 
 

@@ -91,9 +91,12 @@ def test_the_pause_block_stops_the_server_and_the_resume_block_starts_it(
     assert run.of("death") == [] and run.of("start") == [] and run.of("recovery") == []
     assert [(e["item"], e["strikes"]) for e in run.of("strike")] == [("two", 1)]
     assert run.of("retry") == []
-    # (the agent had ticked "two" before the command failed: the strike stays on it)
-    assert scenario.state()["deaths"] == 0 and scenario.state()["strikes"] == {"two": 1}
-    assert [line["outcome"] for line in history(workdir)] == ["done", "strike", "done"]
+    # (the agent had ticked and committed "two" before the command failed: the tick is undone,
+    # "two" is tried again and done, and a done item's strikes are cleared)
+    assert [e["item"] for e in run.of("done")] == ["one", "two", "three"]
+    assert scenario.state()["deaths"] == 0 and scenario.state()["strikes"] == {}
+    outcomes = [(line["item"], line["outcome"]) for line in history(workdir)]
+    assert outcomes == [("one", "done"), ("two", "strike"), ("two", "done"), ("three", "done")]
     assert scenario.standin.starts == 2  # the test's, then the resume block's
     assert scenario.records() == []
     assert run.status()["pause"] is None

@@ -4,8 +4,8 @@ killed while both attempts call it: one death, one restart, both items land, no 
 The runbook is the shipped one, unchanged: `-e` points it at the session's engine (the 8-layer
 model, `--max-num-seqs 1`: one request generates, the other waits in vLLM's queue, and vLLM's
 death fails both) and replaces the agent with AGENT: the stand-in agent's call, then the item's
-file, its tick and a commit, as a real agent in a worktree does (the stand-in agent alone
-ticks the first item, not its own). Each item's first call asks for far more tokens than the
+file, its tick and a commit, as a real agent in a worktree does (a file of its own per item:
+the stand-in agent alone only ticks). Each item's first call asks for far more tokens than the
 test waits for, so both are in flight when the engine is killed; the retries ask for 16.
 """
 
