@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, cast, get_args
 
 from pydantic import (
     BaseModel,
@@ -436,6 +436,10 @@ class TaskFile(Model):
     tasks: list[TaskEntry]
 
 
+_LANGUAGE: tuple[type[BaseModel], ...] = (Runbook, CollectorSet, TaskFile)
+"""The files of the runbook language, whose misplaced keys are told where they belong."""
+
+
 def _known_keys() -> dict[str, list[str]]:
     """Every key of the language, with where it belongs (for "it is a key of X, not here")."""
     owners = {
@@ -469,6 +473,26 @@ def _known_keys() -> dict[str, list[str]]:
     return {key: list(dict.fromkeys(owners)) for key, owners in keys.items()}
 
 
+def _own_keys(model: type[BaseModel]) -> dict[str, list[str]]:
+    """The keys of `model` and of the models its fields hold, for a file outside the language
+    (no owners: its keys get a did-you-mean, never "it belongs to")."""
+    keys: dict[str, list[str]] = {}
+    todo: list[Any] = [model]
+    seen: set[Any] = set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            for name, f in current.model_fields.items():
+                keys.setdefault(f.alias or name, [])
+                todo.append(f.annotation)
+        else:
+            todo += get_args(current)
+    return keys
+
+
 def _data_path(data: Any, loc: tuple[Any, ...], kind: str) -> tuple[str | int, ...]:
     """Follow pydantic's loc through the data, dropping union/tag names that are not keys."""
     path: list[str | int] = []
@@ -488,7 +512,7 @@ def _message(error: ErrorDetails, path: tuple[str | int, ...], known: dict[str, 
     kind = error["type"]
     if kind == "extra_forbidden":
         key = path[-1]
-        if str(key) in known:  # a real key, in the wrong place: mostly a line indented wrong
+        if known.get(str(key)):  # a real key, in the wrong place: mostly a line indented wrong
             where = ", ".join(known[str(key)])
             return (
                 f"{key!r} is not a key here: it belongs to {where}"
@@ -511,7 +535,9 @@ def validate(document: Document, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(document.data)
     except ValidationError as exc:
-        known = _known_keys()
+        # "it belongs to X" only within the runbook language; another file (a Slurm jobs file)
+        # gets did-you-mean from its own keys
+        known = _known_keys() if model in _LANGUAGE else _own_keys(model)
         by_path: dict[tuple, list[str]] = {}
         for error in exc.errors():
             path = _data_path(document.data, error["loc"], error["type"])
