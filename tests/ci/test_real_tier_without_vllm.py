@@ -9,50 +9,24 @@ unavailable), so what this checkout has installed does not matter.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def copy_of_the_real_tier(tmp_path: Path) -> Path:
-    checkout = tmp_path / "checkout"
-    (checkout / "tests").mkdir(parents=True)
-    shutil.copy2(ROOT / "pyproject.toml", checkout)
-    shutil.copy2(ROOT / "tests" / "conftest.py", checkout / "tests")
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "tests" / "support", checkout / "tests" / "support", ignore=ignore)
-    shutil.copytree(ROOT / "tests" / "real", checkout / "tests" / "real", ignore=ignore)
-    return checkout
-
-
-def run_the_tier(checkout: Path, **env: str) -> tuple[int, str]:
-    drop = ("CI", "RALPH_ALLOW_SKIP", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
-    environ = {k: v for k, v in os.environ.items() if k not in drop and "PYTEST" not in k}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/real"]
-    done = subprocess.run(
-        command, cwd=checkout, env={**environ, **env}, capture_output=True, text=True, timeout=300
-    )
-    return done.returncode, done.stdout + done.stderr
+from tier_copy import copy_of_the_tier, run_the_tier
 
 
 @pytest.mark.parametrize("unavailable", [False, True], ids=["not-installed", "unavailable"])
 def test_without_vllm_the_real_tier_skips_with_its_reason_and_the_stand_in_halves_run(
     tmp_path: Path, unavailable: bool
 ) -> None:
-    checkout = copy_of_the_real_tier(tmp_path)
+    checkout = copy_of_the_tier(tmp_path, "real")
     reason = "real vLLM not installed: run ci/install-vllm.sh"
     if unavailable:
         (checkout / ".cache").mkdir()
         (checkout / ".cache" / "vllm-venv.unavailable").write_text("no wheel for this CPU\n")
         reason = "real vLLM unavailable here: no wheel for this CPU"
-    code, output = run_the_tier(checkout)
+    code, output = run_the_tier(checkout, "real", timeout=300)
     assert code == 0, output
     assert not re.search(r"\berrors?\b", output.splitlines()[-1]), output
     summary = output.splitlines()[-1]
@@ -62,10 +36,12 @@ def test_without_vllm_the_real_tier_skips_with_its_reason_and_the_stand_in_halve
 
 
 def test_under_ci_the_skipped_tier_fails_the_run_unless_it_is_allowed(tmp_path: Path) -> None:
-    checkout = copy_of_the_real_tier(tmp_path)
-    code, output = run_the_tier(checkout, CI="true")
+    checkout = copy_of_the_tier(tmp_path, "real")
+    code, output = run_the_tier(checkout, "real", timeout=300, CI="true")
     assert code == 1, output
     assert re.search(r"CI: the real tier skipped \d+ test\(s\) that RALPH_ALLOW_SKIP", output)
-    code, output = run_the_tier(checkout, CI="true", RALPH_ALLOW_SKIP="real/vllm: no vLLM here")
+    code, output = run_the_tier(
+        checkout, "real", timeout=300, CI="true", RALPH_ALLOW_SKIP="real/vllm: no vLLM here"
+    )
     assert code == 0, output
     assert "excused by RALPH_ALLOW_SKIP: real/vllm: no vLLM here" in output
