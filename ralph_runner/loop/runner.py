@@ -188,7 +188,7 @@ class Runner:
                 "repository with a commit (each attempt works in its own git worktree)"
             )
         # now, not after the setup blocks ran
-        scheduler.check_metrics(self.plan, self.auto and self.workers > 1)
+        scheduler.check_auto(self.plan, self.auto and self.workers > 1)
 
     def _resume(self) -> state.State:
         loaded = self.store.load()

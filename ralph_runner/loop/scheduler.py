@@ -344,16 +344,12 @@ def metrics_url(run: RunContext, given: str | None) -> str:
     for spec in run.health.probes:
         if spec.kind == "progress":
             return str(spec.params.metrics)
-    raise FatalError("the server's /metrics is not known")  # check_metrics said it at preflight
+    raise FatalError("the server's /metrics is not known")  # check_auto or the loader said so first
 
 
-def check_metrics(plan: Plan, auto: bool) -> None:
-    """At preflight (before the setup blocks run): `workers: auto` and `health.rejuvenate`
-    have a /metrics to read."""
+def check_auto(plan: Plan, auto: bool) -> None:
+    """At preflight (before the setup blocks run): `workers: auto` has a /metrics to read
+    (`health.rejuvenate`'s is checked when the runbook loads: it does not hang on -w)."""
     progress = any(probe.kind == "progress" for probe in plan.runbook.probes)
-    rejuvenate = plan.model.health.rejuvenate
     if auto and not plan.model.loop.governor.metrics and not progress:
         raise FatalError(NO_METRICS.format(what="workers: auto", where="loop.governor.metrics"))
-    if rejuvenate is not None and not rejuvenate.metrics and not progress:
-        where = "health.rejuvenate.metrics"
-        raise FatalError(NO_METRICS.format(what="health.rejuvenate", where=where))

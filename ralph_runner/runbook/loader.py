@@ -137,10 +137,25 @@ def load(path: str | Path) -> LoadedRunbook:
     )
     problems += _loop_only_outside_the_loop(loaded)
     problems += _idle_timeout_misplaced(loaded)
+    problems += _rejuvenate_without_metrics(loaded)
     problems += death_field_problems(loaded.recovery_steps + loaded.rejuvenate_steps)
     if problems:
         raise FatalError(problems)
     return loaded
+
+
+def _rejuvenate_without_metrics(loaded: LoadedRunbook) -> list[Problem]:
+    """`health.rejuvenate` reads its signs from the server's /metrics: where none is known, say
+    so at its line when the runbook loads (`--check` too), not when the run starts."""
+    rejuvenate = loaded.model.health.rejuvenate
+    progress = any(probe.kind == "progress" for probe in loaded.probes)
+    if rejuvenate is None or rejuvenate.metrics or progress:
+        return []
+    message = (
+        "health.rejuvenate reads the server's /metrics: add a `progress` probe, or give"
+        " health.rejuvenate.metrics"
+    )
+    return [loaded.document.problem(("health", "rejuvenate"), message)]
 
 
 def _loop_only_outside_the_loop(loaded: LoadedRunbook) -> list[Problem]:

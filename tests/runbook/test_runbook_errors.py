@@ -200,6 +200,12 @@ CASES = {
         "health.rejuvenate.steps[0].when",
         "did you mean death.hung?",
     ),
+    "a rejuvenation with no /metrics to read": (
+        GOOD.replace("loop:\n", "  rejuvenate: { decode_drop: 0.3 }\nloop:\n"),
+        8,
+        "health.rejuvenate",
+        "reads the server's /metrics: add a `progress` probe",
+    ),
     "a loop step in the resume block": (
         GOOD + "resume:\n  - name: x\n    verify: {}\n",
         16,
