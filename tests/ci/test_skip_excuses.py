@@ -78,7 +78,7 @@ def checkout_with_small_tiers(tmp_path: Path) -> Path:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    drop = ("CI", "RALPH_ALLOW_SKIP", "FAKE_VLLM")
+    drop = ("CI", "RALPH_ALLOW_SKIP", "RALPH_EVERY_TIER", "FAKE_VLLM")
     env = {k: v for k, v in os.environ.items() if k not in drop and "PYTEST" not in k}
     return {**env, **extra}
 

@@ -35,7 +35,13 @@ def copy_of_the_tier(tmp_path: Path, folder: str) -> Path:
 
 def run_the_tier(checkout: Path, folder: str, timeout: float = 120, **env: str) -> tuple[int, str]:
     """pytest on the copy's tier, outside this run's CI settings unless `env` gives them."""
-    drop = ("CI", "RALPH_ALLOW_SKIP", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
+    drop = (
+        "CI",
+        "RALPH_ALLOW_SKIP",
+        "RALPH_EVERY_TIER",
+        "PYTEST_XDIST_WORKER",
+        "PYTEST_XDIST_WORKER_COUNT",
+    )
     environ = {k: v for k, v in os.environ.items() if k not in drop and "PYTEST" not in k}
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
     done = subprocess.run(

@@ -184,8 +184,10 @@ def test_the_switch_is_kept_alive_while_the_loop_is_paused(
     run.wait_event("paused")
     at_pause = switch.paths().count("/ping")
     wait_for(lambda: switch.paths().count("/ping") >= at_pause + 3, 10, "pings while paused")
-    released = len(switch.requests)
     assert pause.release(scenario.workspace)
+    # the loop reads the release at its next look: keep-alives until then are still the pause's
+    run.wait_event("resumed")
+    released = len(switch.requests)
     assert run.wait() == 0, run.stderr
     paths = switch.paths()
     assert paths[0] == "/ping/start" and paths[-1] == "/ping/0", paths
